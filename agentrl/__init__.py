@@ -1,0 +1,3 @@
+"""agentrl: JAX-native RL post-training of language-model policies and agents."""
+
+__version__ = "0.1.0"

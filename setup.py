@@ -1,0 +1,34 @@
+"""agentrl: JAX-native RL post-training of language-model policies and agents."""
+import setuptools
+
+# Both supported stacks are pinned with environment markers: NNX sharding metadata and JAX
+# mesh defaults change between releases (see ../shared/docs/style.md, section 2).
+INSTALL_REQUIRES = [
+    "jax==0.10.2; python_version < '3.12'",
+    "flax==0.12.8; python_version < '3.12'",
+    "jax>=0.12,<0.13; python_version >= '3.12'",
+    "flax==0.12.12; python_version >= '3.12'",
+    "optax==0.2.8",
+    "chex==0.1.92",
+    "orbax-checkpoint",
+    "ml_collections",
+    "absl-py",
+    "numpy",
+    "matplotlib",      # learning curves and study plots (PNG, Agg backend)
+    "tensorboardX",    # TensorBoard event files without TensorFlow
+]
+
+HF = ["safetensors", "gguf", "tokenizers", "sentencepiece", "jinja2"]
+ENVS = ["reasoning-gym", "math-verify", "textworld", "tensorflow-datasets", "importlib_resources"]
+TEST = ["pytest", "pytest-xdist"] + HF + ENVS
+
+setuptools.setup(
+    name="agentrl",
+    version="0.1.0",
+    description="JAX-native RL post-training for language-model policies and agents.",
+    packages=setuptools.find_packages(include=["agentrl", "agentrl.*", "kernels", "kernels.*",
+                                               "experiments", "experiments.*"]),
+    python_requires=">=3.11",
+    install_requires=INSTALL_REQUIRES,
+    extras_require={"hf": HF, "envs": ENVS, "test": TEST, "wandb": ["wandb"]},
+)

@@ -1,0 +1,125 @@
+"""Checks the Bazel BUILD files against the source tree (style.md §4).
+
+Every Python source under agentrl/, kernels/, experiments/, scripts/ and tests/ must be in the
+`srcs` of exactly one target; every `*_test.py` must be a `py_test`; every local dep label must
+name an existing target; every py_test must be in //:all_tests. BUILD files are Starlark, which
+parses as Python, so this needs no Bazel.
+
+Exempt: `__init__.py` (Bazel creates package markers itself), the root `setup.py` and
+`conftest.py` (pip and pytest plumbing, not Bazel sources).
+"""
+import ast
+import os
+import pathlib
+
+from absl.testing import absltest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+SOURCE_DIRS = ("agentrl", "kernels", "experiments", "scripts", "tests")
+RULES = ("py_library", "py_test", "py_binary", "test_suite", "filegroup")
+SKIP_DIRS = {".git", "__pycache__", ".ci-venv", "venv", ".venv", "build", "runs"}
+
+
+def _build_files():
+  for dirpath, dirnames, filenames in os.walk(ROOT):
+    dirnames[:] = [d for d in dirnames if d not in SKIP_DIRS and not d.endswith(".egg-info")]
+    if "BUILD" in filenames:
+      yield pathlib.Path(dirpath) / "BUILD"
+
+
+def _literal(node):
+  try:
+    return ast.literal_eval(node)
+  except ValueError:
+    return None  # e.g. glob(...); not used in this repo
+
+
+def parse_build(path: pathlib.Path):
+  """Returns [(rule, kwargs)] for each rule call at the top level of a BUILD file."""
+  tree = ast.parse(path.read_text(), filename=str(path))
+  targets = []
+  for stmt in tree.body:
+    if not (isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call)):
+      continue
+    call = stmt.value
+    name = call.func.id if isinstance(call.func, ast.Name) else None
+    if name in RULES:
+      targets.append((name, {kw.arg: _literal(kw.value) for kw in call.keywords}))
+  return targets
+
+
+def _package(build: pathlib.Path) -> str:
+  rel = build.parent.relative_to(ROOT).as_posix()
+  return "" if rel == "." else rel
+
+
+def _resolve(label: str, package: str) -> str | None:
+  """Canonical '//pkg:name' for a local label, None for external (@pip//...) ones."""
+  if label.startswith("@"):
+    return None
+  if label.startswith(":"):
+    return f"//{package}{label}"
+  if label.startswith("//"):
+    if ":" in label:
+      return label
+    pkg = label[2:]
+    return f"{label}:{pkg.rsplit('/', 1)[-1]}"
+  return f"//{package}:{label}"
+
+
+class BuildTest(absltest.TestCase):
+
+  def setUp(self):
+    super().setUp()
+    self.targets = {}  # '//pkg:name' -> (rule, kwargs, package)
+    for build in _build_files():
+      package = _package(build)
+      for rule, kwargs in parse_build(build):
+        label = f"//{package}:{kwargs['name']}"
+        self.assertNotIn(label, self.targets, f"{build}: duplicate target {label}")
+        self.targets[label] = (rule, kwargs, package)
+
+  def test_every_source_is_in_exactly_one_target(self):
+    owners = {}
+    for label, (_, kwargs, package) in self.targets.items():
+      for src in kwargs.get("srcs") or []:
+        path = (pathlib.Path(package) / src).as_posix()
+        self.assertTrue((ROOT / path).exists(), f"{label} lists missing source {path}")
+        owners.setdefault(path, []).append(label)
+    sources = []
+    for top in SOURCE_DIRS:
+      for path in sorted((ROOT / top).rglob("*.py")):
+        if SKIP_DIRS & set(path.relative_to(ROOT).parts) or path.name == "__init__.py":
+          continue
+        sources.append(path.relative_to(ROOT).as_posix())
+    self.assertGreater(len(sources), 5)  # the walk found the tree (cannot pass vacuously)
+    for path in sources:
+      self.assertEqual(len(owners.get(path, [])), 1,
+                       f"{path} must be in exactly one BUILD target, found {owners.get(path)}. "
+                       "Add a py_library/py_test/py_binary for it in its directory's BUILD.")
+
+  def test_tests_are_py_tests_named_after_their_file(self):
+    for label, (rule, kwargs, _) in self.targets.items():
+      for src in kwargs.get("srcs") or []:
+        if src.endswith("_test.py"):
+          self.assertEqual(rule, "py_test", f"{label}: {src} must be a py_test")
+          self.assertEqual(kwargs["name"], pathlib.Path(src).stem, label)
+
+  def test_deps_name_existing_targets(self):
+    for label, (_, kwargs, package) in self.targets.items():
+      for dep in (kwargs.get("deps") or []) + (kwargs.get("tests") or []):
+        canonical = _resolve(dep, package)
+        if canonical is not None:
+          self.assertIn(canonical, self.targets, f"{label} depends on unknown target {dep}")
+
+  def test_all_tests_suite_covers_every_py_test(self):
+    suite = self.targets.get("//:all_tests")
+    self.assertIsNotNone(suite, "the root BUILD needs test_suite(name = 'all_tests')")
+    listed = {_resolve(t, "") for t in suite[1].get("tests") or []}
+    for label, (rule, _, _) in self.targets.items():
+      if rule == "py_test":
+        self.assertIn(label, listed, f"{label} is missing from //:all_tests")
+
+
+if __name__ == "__main__":
+  absltest.main()
