@@ -1,0 +1,180 @@
+# pylint: disable=invalid-name
+"""Importance ratios between the current and the behaviour policy, in log space.
+
+The ratio is the part of a policy-gradient objective that varies most between methods
+(algorithms.md §0.2 notation; ℓ_t = logp_t − old_logp_t, r_t = exp(ℓ_t)):
+
+  token_log_ratio            ℓ_t, clamped to ±20 before any exp (verl; PPO, CISPO, CTPO).
+  sequence_log_ratio         (1/|y|) Σ_t m ℓ_t: log of GSPO's length-normalised ratio
+                             (Zheng et al. 2025, arXiv 2507.18071).
+  sequence_token_log_ratio   GSPO-token: value log s_i, gradient ∇logp_t (stop-gradient split).
+  cumulative_log_ratio       CTPO (arXiv 2605.07331): log Π_{s≤t} r_s over policy tokens only,
+                             value S_t, gradient ∇logp_t.
+  holder_log_ratio           HölderPO (arXiv 2605.12058): log of the power mean of r with
+                             exponent p; p = 0 is the geometric mean (GSPO ratio).
+  rollout_correction_weight  truncated IS weight for the rollout/trainer mismatch
+                             (verl `compute_rollout_correction_weights`, algorithms.md §4.12).
+
+Masks are 1 on policy-sampled tokens and 0 on prompt, padding and tool/observation tokens.
+Every function treats masked entries as absent: they add nothing to sums, counts or maxima,
+and they receive exactly zero gradient, whatever `logp` holds there.
+"""
+import chex
+import jax
+import jax.numpy as jnp
+
+_LOG_RATIO_CLAMP = 20.0  # verl clamps per-token log-ratios to ±20 before exp.
+_MAX_LOG_RATIO = 10.0  # verl/CTPO clamp stop-gradient-decomposed log-ratios at max 10.
+_GEOMETRIC_P = 1e-6  # |p| below this uses the geometric-mean branch (HölderPO reference).
+
+
+def _check(logp_BT: jax.Array, old_logp_BT: jax.Array, mask_BT: jax.Array) -> None:
+  chex.assert_rank(logp_BT, 2)
+  chex.assert_equal_shape([logp_BT, old_logp_BT, mask_BT])
+
+
+def token_log_ratio(logp_BT: jax.Array, old_logp_BT: jax.Array, mask_BT: jax.Array, *,
+                    clamp: float | None = _LOG_RATIO_CLAMP) -> jax.Array:
+  """ℓ_t = clip(logp_t − old_logp_t, −clamp, clamp), exactly 0 where masked. f32 [B, T].
+
+  The gradient through an active clamp is 0 (intended; algorithms.md §0.4). `clamp=None`
+  leaves ℓ unclamped (GSPO, GMPO and HölderPO references do not clamp).
+  """
+  _check(logp_BT, old_logp_BT, mask_BT)
+  log_ratio_BT = logp_BT.astype(jnp.float32) - old_logp_BT.astype(jnp.float32)
+  if clamp is not None:
+    log_ratio_BT = jnp.clip(log_ratio_BT, -clamp, clamp)
+  # `where`, not a product: garbage (inf/NaN) log-probs on masked tokens must not leak.
+  return jnp.where(mask_BT > 0, log_ratio_BT, 0.0)
+
+
+def sequence_log_ratio(logp_BT: jax.Array, old_logp_BT: jax.Array,
+                       mask_BT: jax.Array) -> jax.Array:
+  """GSPO log s_i = (1/|y_i|) Σ_t m_t ℓ_t (unclamped, as verl), f32 [B]; 0 for empty rows."""
+  log_ratio_BT = token_log_ratio(logp_BT, old_logp_BT, mask_BT, clamp=None)
+  count_B = (mask_BT > 0).sum(-1).astype(jnp.float32)
+  return log_ratio_BT.sum(-1) / jnp.maximum(count_B, 1.0)
+
+
+def sequence_token_log_ratio(logp_BT: jax.Array, old_logp_BT: jax.Array, mask_BT: jax.Array,
+                             *, max_log_ratio: float = _MAX_LOG_RATIO) -> jax.Array:
+  """GSPO-token log-ratio: min(sg(log s_i) + logp_t − sg(logp_t), 10), 0 where masked.
+
+  Value log s_i on every token of row i; gradient ∇logp_t only (verl
+  `compute_policy_loss_gspo`). With a sequence advantage and seq-mean-token-mean aggregation
+  this reproduces the sequence-level GSPO gradient exactly.
+  """
+  log_seq_B = sequence_log_ratio(logp_BT, old_logp_BT, mask_BT)
+  logp_BT = logp_BT.astype(jnp.float32)
+  log_BT = (jax.lax.stop_gradient(log_seq_B)[:, None] + logp_BT
+            - jax.lax.stop_gradient(logp_BT))
+  return jnp.where(mask_BT > 0, jnp.minimum(log_BT, max_log_ratio), 0.0)
+
+
+def cumulative_log_ratio(logp_BT: jax.Array, old_logp_BT: jax.Array, mask_BT: jax.Array, *,
+                         geomean: bool = False, clamp: float = _LOG_RATIO_CLAMP,
+                         max_log_ratio: float = _MAX_LOG_RATIO) -> tuple[jax.Array, jax.Array]:
+  """CTPO cumulative log-ratio and policy-token position (algorithms.md §1.2 steps 1–4).
+
+  S_t = Σ_{s≤t} m_s ℓ_s and n_t = Σ_{s≤t} m_s run over policy tokens only, so tool and
+  observation tokens neither add to the prefix ratio nor advance the position. The returned
+  log-ratio is min(sg(S_t) + logp_t − sg(logp_t), max_log_ratio): its value is log Π_{s≤t} r_s
+  but token t sends gradient only into logp_t (the prefix is a weight). Differentiating
+  through S_t instead would be a different, O(T²)-coupled estimator.
+
+  Args:
+    geomean: use S_t / n_t, the log geometric mean of the ratios up to t (CTPO ablation
+      `cum-token-geomean`; at the last token it equals GSPO's log s_i).
+    clamp: per-token |ℓ| clamp before the cumulative sum (CTPO reference: 20).
+    max_log_ratio: upper clamp on the decomposed log-ratio (CTPO reference: 10).
+
+  Returns:
+    (log_ratio_BT, n_BT): f32 [B, T] each. log_ratio is 0 where masked; n_BT counts policy
+    tokens up to and including t (1 at the first policy token; masked positions hold the
+    count so far).
+  """
+  valid_BT = mask_BT > 0
+  log_ratio_BT = token_log_ratio(logp_BT, old_logp_BT, mask_BT, clamp=clamp)
+  cum_BT = jnp.cumsum(log_ratio_BT, axis=-1)  # masked entries are 0: a masked cumsum
+  n_BT = jnp.cumsum(valid_BT.astype(jnp.float32), axis=-1)
+  if geomean:
+    cum_BT = cum_BT / jnp.maximum(n_BT, 1.0)
+  logp_BT = logp_BT.astype(jnp.float32)
+  log_BT = jax.lax.stop_gradient(cum_BT) + logp_BT - jax.lax.stop_gradient(logp_BT)
+  return jnp.where(valid_BT, jnp.minimum(log_BT, max_log_ratio), 0.0), n_BT
+
+
+def holder_log_ratio(log_ratio_BT: jax.Array, mask_BT: jax.Array, *,
+                     p: float | jax.Array) -> jax.Array:
+  """Log Hölder (power) mean of the token ratios, M_p = log((1/L) Σ_t r_t^p)^(1/p). f32 [B].
+
+  Computed in log space as (logsumexp_{t: m_t=1}(p ℓ_t) − log L) / p (algorithms.md §2.7);
+  for |p| < 1e-6 the geometric mean (1/L) Σ_t m_t ℓ_t (the function is continuous there).
+  p = 1 is the arithmetic mean of r, p = −1 the harmonic mean, p → ±∞ the max / min.
+  ∂M_p/∂ℓ_t = softmax_t(p ℓ) over valid tokens.
+
+  `p` may be a traced scalar (a schedule inside a jitted step): both branches are computed
+  and selected with `where`. Rows with no valid token return 0 with finite (zero) gradients.
+  """
+  chex.assert_rank(log_ratio_BT, 2)
+  chex.assert_equal_shape([log_ratio_BT, mask_BT])
+  valid_BT = mask_BT > 0
+  count_B = valid_BT.sum(-1).astype(jnp.float32)
+  nonempty_B = count_B > 0
+  length_B = jnp.maximum(count_B, 1.0)
+  x_BT = jnp.where(valid_BT, log_ratio_BT.astype(jnp.float32), 0.0)
+  geometric_B = x_BT.sum(-1) / length_B
+
+  p = jnp.asarray(p, jnp.float32)
+  near_zero = jnp.abs(p) < _GEOMETRIC_P
+  p_safe = jnp.where(near_zero, 1.0, p)  # keeps the unused branch finite (double where)
+  # Masked tokens get −inf so they cannot win the logsumexp, for p < 0 too; empty rows get a
+  # finite dummy row instead, because logsumexp over all −inf has a NaN gradient.
+  z_BT = jnp.where(valid_BT, p_safe * x_BT, -jnp.inf)
+  z_BT = jnp.where(nonempty_B[:, None], z_BT, 0.0)
+  power_B = (jax.nn.logsumexp(z_BT, axis=-1) - jnp.log(length_B)) / p_safe
+  return jnp.where(nonempty_B, jnp.where(near_zero, geometric_B, power_B), 0.0)
+
+
+def rollout_correction_weight(old_logp_BT: jax.Array, sampler_logp_BT: jax.Array,
+                              mask_BT: jax.Array, *, level: str = "token",
+                              threshold: float = 2.0,
+                              batch_normalize: bool = False) -> jax.Array:
+  """Truncated IS weight for the sampler/trainer mismatch (verl rollout correction, TIS).
+
+  level="token":    w_t = min(exp(clip(old_logp_t − sampler_logp_t, ±20)), threshold).
+  level="sequence": w_i = min(exp(clip(Σ_t m (old_logp_t − sampler_logp_t), ±20)), threshold),
+                    broadcast to the row's tokens.
+  The weight is detached (it changes the measure, not the objective), 0 where masked, and
+  multiplies the per-token policy loss before aggregation. It is a separate factor from any
+  method's own ratio (algorithms.md §1.5). verl's default threshold is 2.0; ctpo.sh uses
+  level="sequence", threshold=5.0.
+
+  Args:
+    batch_normalize: divide by the batch mean weight (over valid tokens for "token", over
+      non-empty rows for "sequence") so the weights average to 1, as verl's option does.
+
+  Returns:
+    f32 [B, T] weights, no gradient.
+  """
+  if level not in ("token", "sequence"):
+    raise ValueError(f"Unknown rollout correction level {level!r}; use 'token' or 'sequence'.")
+  if isinstance(threshold, (int, float)) and threshold <= 0:
+    raise ValueError(f"threshold must be positive; got {threshold}.")
+  valid_BT = mask_BT > 0
+  log_w_BT = token_log_ratio(old_logp_BT, sampler_logp_BT, mask_BT, clamp=None)
+  if level == "token":
+    w_BT = jnp.exp(jnp.clip(log_w_BT, -_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP))
+  else:
+    log_w_B = jnp.clip(log_w_BT.sum(-1), -_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP)
+    w_BT = jnp.broadcast_to(jnp.exp(log_w_B)[:, None], log_w_BT.shape)
+  w_BT = jax.lax.stop_gradient(jnp.where(valid_BT, jnp.minimum(w_BT, threshold), 0.0))
+  if batch_normalize:
+    if level == "token":
+      total, count = w_BT.sum(), valid_BT.sum()
+    else:
+      nonempty_B = valid_BT.any(-1)
+      total, count = jnp.where(nonempty_B, w_BT.max(-1), 0.0).sum(), nonempty_B.sum()
+    mean = total / jnp.maximum(count.astype(jnp.float32), 1.0)
+    w_BT = jnp.where(mean > 1e-8, w_BT / jnp.maximum(mean, 1e-8), w_BT)
+  return w_BT

@@ -1,0 +1,416 @@
+# pylint: disable=invalid-name
+"""One decoder-only transformer for the Llama, Qwen2/3 and Gemma 1/2/3 families (Flax NNX).
+
+`Config` flags switch between the published variants:
+  Llama 2/3 (Touvron et al. 2023; Grattafiori et al. 2024): RMSNorm, SwiGLU MLP, RoPE (Su et
+    al. 2021) with the Llama-3 frequency rescaling, grouped-query attention (Ainslie et al. 2023).
+  Qwen2 / Qwen2.5 (Yang et al. 2024): biases on the q, k and v projections.
+  Qwen3 (Yang et al. 2025): an RMSNorm over each query and key head.
+  Gemma (Gemma Team 2024a): embeddings scaled by sqrt(D), RMSNorm with (1 + w), GeGLU.
+  Gemma 2 (Gemma Team 2024b): tanh soft-capping of attention and final logits, sliding-window
+    layers alternating with global ones, norms after as well as before each sub-block, and
+    the attention scale query_pre_attn_scalar ** -0.5.
+  Gemma 3 (Gemma Team 2025): q/k norm, 5 local : 1 global layers, RoPE base 10k on local
+    layers and 1M (optionally linearly scaled) on global ones.
+
+Layers are stored stacked on a leading L axis and run with `lax.scan`, so compile time does not
+grow with depth. Attention rule, shared by the full forward and the KV-cache path: the token in
+slot j attends to slot i iff i <= j, slot i holds a real token (input mask), and on sliding
+layers pos_j - pos_i < window. Rows may be left- or right-padded; positions are explicit.
+Parameters are stored in `param_dtype`, matmuls run in `dtype`, norms, softmax and logits in f32.
+"""
+import dataclasses
+import functools
+import math
+from typing import Any
+
+import flax
+from flax import nnx
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from agentrl.models import presets
+
+FAMILIES = ("llama", "qwen2", "qwen3", "gemma", "gemma2", "gemma3")
+ACTIVATIONS = {
+    "silu": jax.nn.silu,
+    "gelu_tanh": functools.partial(jax.nn.gelu, approximate=True),
+    "gelu": functools.partial(jax.nn.gelu, approximate=False),
+}
+ROPE_SCALINGS = ("default", "linear", "llama3")
+_MASKED = float(np.finfo(np.float32).min)  # finite: a row with no visible key stays finite
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+  """Architecture and precision of a decoder. Hashable, so jitted code may close over it."""
+  vocab: int                                # V
+  width: int                                # D
+  depth: int                                # L
+  heads: int                                # H (query heads)
+  kv_heads: int                             # key/value heads (GQA groups)
+  head_dim: int                             # K
+  mlp: int                                  # F
+  family: str = "llama"                     # HF export format, one of FAMILIES
+  act: str = "silu"                         # gate activation: silu (SwiGLU) or gelu_tanh (GeGLU)
+  norm_eps: float = 1e-6
+  norm_plus_one: bool = False               # Gemma: RMSNorm scales by (1 + w)
+  embed_scale: bool = False                 # Gemma: embeddings times sqrt(D)
+  post_norms: bool = False                  # Gemma 2/3: RMSNorm after attention and MLP too
+  qkv_bias: bool = False                    # Qwen2
+  qk_norm: bool = False                     # Qwen3, Gemma 3
+  tie_embeddings: bool = True               # unembedding = embedding.T
+  rope_theta: float = 10000.0               # base on global layers
+  rope_local_theta: float | None = None     # Gemma 3 sliding layers (unscaled); None: as global
+  rope_scaling: str = "default"             # default | linear | llama3 (global layers)
+  rope_factor: float = 1.0
+  rope_low_freq_factor: float = 1.0         # llama3 only
+  rope_high_freq_factor: float = 4.0        # llama3 only
+  rope_original_max_len: int = 8192         # llama3 only
+  query_pre_attn_scalar: float | None = None  # attention scale is this ** -0.5 (None: K)
+  attn_logit_softcap: float | None = None   # Gemma 2
+  final_logit_softcap: float | None = None  # Gemma 2
+  sliding_window: int | None = None         # None: every layer is global
+  sliding_window_pattern: int = 1           # layer i is global iff (i + 1) % pattern == 0
+  max_len: int = 8192                       # max_position_embeddings (exported, not enforced)
+  param_dtype: Any = jnp.float32            # storage and optimizer precision
+  dtype: Any = jnp.bfloat16                 # matmul and activation precision
+  remat: bool = False                       # recompute each layer in the backward pass
+
+  def __post_init__(self):
+    for name in ("param_dtype", "dtype"):
+      object.__setattr__(self, name, jnp.dtype(getattr(self, name)))
+    checks = [
+        (self.family in FAMILIES, f"family={self.family!r}; expected one of {FAMILIES}"),
+        (self.act in ACTIVATIONS, f"act={self.act!r}; expected one of {tuple(ACTIVATIONS)}"),
+        (self.rope_scaling in ROPE_SCALINGS,
+         f"rope_scaling={self.rope_scaling!r}; expected one of {ROPE_SCALINGS}"),
+        (self.heads % self.kv_heads == 0,
+         f"heads={self.heads} is not a multiple of kv_heads={self.kv_heads}"),
+        (self.head_dim % 2 == 0, f"head_dim={self.head_dim} must be even for RoPE"),
+        (self.sliding_window_pattern >= 1,
+         f"sliding_window_pattern={self.sliding_window_pattern} must be >= 1"),
+        (min(self.vocab, self.width, self.depth, self.heads, self.mlp) > 0,
+         "vocab, width, depth, heads and mlp must be positive"),
+    ]
+    for ok, message in checks:
+      if not ok:
+        raise ValueError(f"Invalid transformer.Config: {message}.")
+
+  @classmethod
+  def named(cls, name: str, **overrides) -> "Config":
+    """A preset from `presets.PRESETS` ("tiny", "qwen3-0.6b", ...) with fields overridden."""
+    if name not in presets.PRESETS:
+      raise ValueError(f"Unknown model preset {name!r}; known: {sorted(presets.PRESETS)}.")
+    fields = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(overrides) - fields)
+    if unknown:
+      raise ValueError(f"Unknown Config field(s) {unknown} in overrides for preset {name!r}.")
+    return cls(**{**presets.PRESETS[name], **overrides})
+
+  @property
+  def local_layers(self) -> tuple[bool, ...]:
+    """Whether each layer uses sliding-window attention (and the local RoPE base)."""
+    if self.sliding_window is None:
+      return (False,) * self.depth
+    return tuple((i + 1) % self.sliding_window_pattern != 0 for i in range(self.depth))
+
+
+@flax.struct.dataclass
+class KVCache:
+  """Keys/values of every layer for S slots; H here is the number of KV heads."""
+  k_LBSHK: jax.Array
+  v_LBSHK: jax.Array
+  valid_BS: jax.Array   # bool: the slot holds a real token
+  pos_BS: jax.Array     # int32 rotary position of the token in each slot
+
+
+def init_cache(cfg: Config, batch: int, max_len: int, dtype=None) -> KVCache:
+  """An empty cache with `max_len` slots (all invalid)."""
+  shape = (cfg.depth, batch, max_len, cfg.kv_heads, cfg.head_dim)
+  dtype = cfg.dtype if dtype is None else dtype
+  return KVCache(k_LBSHK=jnp.zeros(shape, dtype), v_LBSHK=jnp.zeros(shape, dtype),
+                 valid_BS=jnp.zeros((batch, max_len), bool),
+                 pos_BS=jnp.zeros((batch, max_len), jnp.int32))
+
+
+def _param(value: jax.Array, names: tuple[str, ...]) -> nnx.Param:
+  # Flax shards a Param at creation when a mesh is set and raises without one; with no mesh
+  # the logical names are kept as metadata only, so models also run unsharded.
+  eager = None if not jax.sharding.get_abstract_mesh().empty else False
+  return nnx.Param(value, out_sharding=names, eager_sharding=eager)
+
+
+def _normal(rngs: nnx.Rngs, cfg: Config, shape, names, fan_in: int) -> nnx.Param:
+  w = jax.random.normal(rngs.params(), shape, jnp.float32) / math.sqrt(fan_in)
+  return _param(w.astype(cfg.param_dtype), names)
+
+
+def _const(cfg: Config, value: float, shape, names) -> nnx.Param:
+  return _param(jnp.full(shape, value, cfg.param_dtype), names)
+
+
+class Attention(nnx.Module):
+  """Stacked attention projections [L, ...], with optional q/k/v biases and q/k norms."""
+
+  def __init__(self, cfg: Config, *, rngs: nnx.Rngs):
+    L, D, H, G, K = cfg.depth, cfg.width, cfg.heads, cfg.kv_heads, cfg.head_dim
+    self.q_LDHK = _normal(rngs, cfg, (L, D, H, K), ("layers", "embed", "heads", "head_dim"), D)
+    self.k_LDHK = _normal(rngs, cfg, (L, D, G, K), ("layers", "embed", "kv_heads", "head_dim"), D)
+    self.v_LDHK = _normal(rngs, cfg, (L, D, G, K), ("layers", "embed", "kv_heads", "head_dim"), D)
+    self.o_LHKD = _normal(rngs, cfg, (L, H, K, D), ("layers", "heads", "head_dim", "embed"), H * K)
+    if cfg.qkv_bias:
+      self.q_bias_LHK = _const(cfg, 0.0, (L, H, K), ("layers", "heads", "head_dim"))
+      self.k_bias_LHK = _const(cfg, 0.0, (L, G, K), ("layers", "kv_heads", "head_dim"))
+      self.v_bias_LHK = _const(cfg, 0.0, (L, G, K), ("layers", "kv_heads", "head_dim"))
+    if cfg.qk_norm:
+      one = 0.0 if cfg.norm_plus_one else 1.0
+      self.q_norm_LK = _const(cfg, one, (L, K), ("layers", "head_dim"))
+      self.k_norm_LK = _const(cfg, one, (L, K), ("layers", "head_dim"))
+
+
+class Mlp(nnx.Module):
+  """Stacked gated MLP [L, ...]: down(act(gate(x)) * up(x))."""
+
+  def __init__(self, cfg: Config, *, rngs: nnx.Rngs):
+    L, D, F = cfg.depth, cfg.width, cfg.mlp
+    self.gate_LDF = _normal(rngs, cfg, (L, D, F), ("layers", "embed", "mlp"), D)
+    self.up_LDF = _normal(rngs, cfg, (L, D, F), ("layers", "embed", "mlp"), D)
+    self.down_LFD = _normal(rngs, cfg, (L, F, D), ("layers", "mlp", "embed"), F)
+
+
+class Layers(nnx.Module):
+  """All decoder layers, stacked on a leading L axis."""
+
+  def __init__(self, cfg: Config, *, rngs: nnx.Rngs):
+    one = 0.0 if cfg.norm_plus_one else 1.0
+    norm = lambda: _const(cfg, one, (cfg.depth, cfg.width), ("layers", "embed"))
+    self.attn = Attention(cfg, rngs=rngs)
+    self.mlp = Mlp(cfg, rngs=rngs)
+    self.pre_attn_norm_LD = norm()
+    self.pre_mlp_norm_LD = norm()
+    if cfg.post_norms:
+      self.post_attn_norm_LD = norm()
+      self.post_mlp_norm_LD = norm()
+
+
+# ------------------------------------------------------------------------------------------
+# Pure per-layer math. Inside the layer scan the leading L axis of every parameter is gone.
+# ------------------------------------------------------------------------------------------
+
+
+def _rms_norm(cfg: Config, x, scale):
+  x32 = x.astype(jnp.float32)
+  y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + cfg.norm_eps)
+  scale = scale.reshape((1,) * (x.ndim - 1) + scale.shape)
+  if cfg.norm_plus_one:  # Gemma multiplies in f32 before casting back
+    return (y * (1.0 + scale.astype(jnp.float32))).astype(x.dtype)
+  return y.astype(x.dtype) * scale.astype(x.dtype)
+
+
+def _inv_freq(cfg: Config, local: bool) -> np.ndarray:
+  """RoPE inverse frequencies [K/2], with the rescaling of the layer's kind (HF conventions)."""
+  theta = cfg.rope_local_theta if local and cfg.rope_local_theta is not None else cfg.rope_theta
+  exponents = np.arange(0, cfg.head_dim, 2, dtype=np.float32) / np.float32(cfg.head_dim)
+  inv = (1.0 / (np.float32(theta) ** exponents)).astype(np.float32)
+  if (local and cfg.rope_local_theta is not None) or cfg.rope_scaling == "default":
+    return inv
+  if cfg.rope_scaling == "linear":
+    return inv / np.float32(cfg.rope_factor)
+  # Llama 3: keep high frequencies, divide low ones by `factor`, interpolate in between.
+  low_wavelen = cfg.rope_original_max_len / cfg.rope_low_freq_factor
+  high_wavelen = cfg.rope_original_max_len / cfg.rope_high_freq_factor
+  wavelen = 2 * np.pi / inv
+  scaled = np.where(wavelen > low_wavelen, inv / cfg.rope_factor, inv)
+  smooth = ((cfg.rope_original_max_len / wavelen - cfg.rope_low_freq_factor)
+            / (cfg.rope_high_freq_factor - cfg.rope_low_freq_factor))
+  smoothed = (1 - smooth) * scaled / cfg.rope_factor + smooth * scaled
+  medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+  return np.where(medium, smoothed, scaled).astype(np.float32)
+
+
+def _rope_tables(cfg: Config, positions_BT, local: bool):
+  angle_BTk = positions_BT.astype(jnp.float32)[..., None] * _inv_freq(cfg, local)[None, None]
+  return jnp.sin(angle_BTk), jnp.cos(angle_BTk)
+
+
+def _apply_rope(x_BTHK, sin_BTk, cos_BTk):
+  # Rotates the two halves of each head (HF "rotate_half" layout, not interleaved pairs).
+  x1, x2 = jnp.split(x_BTHK.astype(jnp.float32), 2, axis=-1)
+  sin, cos = sin_BTk[:, :, None], cos_BTk[:, :, None]
+  out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+  return out.astype(x_BTHK.dtype)
+
+
+def _project_qkv(cfg: Config, p, x_BTD, sin_cos):
+  dt = cfg.dtype
+  proj = lambda w: jnp.einsum("btd,dhk->bthk", x_BTD, w.astype(dt))
+  q_BTHK, k_BTHK, v_BTHK = proj(p["q_LDHK"]), proj(p["k_LDHK"]), proj(p["v_LDHK"])
+  if cfg.qkv_bias:
+    q_BTHK = q_BTHK + p["q_bias_LHK"].astype(dt)[None, None]
+    k_BTHK = k_BTHK + p["k_bias_LHK"].astype(dt)[None, None]
+    v_BTHK = v_BTHK + p["v_bias_LHK"].astype(dt)[None, None]
+  if cfg.qk_norm:
+    q_BTHK = _rms_norm(cfg, q_BTHK, p["q_norm_LK"])
+    k_BTHK = _rms_norm(cfg, k_BTHK, p["k_norm_LK"])
+  return _apply_rope(q_BTHK, *sin_cos), _apply_rope(k_BTHK, *sin_cos), v_BTHK
+
+
+def _attend(cfg: Config, q_BTHK, k_BSGK, v_BSGK, allowed_BTS):
+  """Softmax attention; G is the KV-head count and R = H / G query heads share each KV head."""
+  b, t, h, k = q_BTHK.shape
+  g = k_BSGK.shape[2]
+  q_BTGRK = q_BTHK.reshape(b, t, g, h // g, k)
+  scale = (cfg.query_pre_attn_scalar or cfg.head_dim) ** -0.5
+  s_BGRTS = jnp.einsum("btgrk,bsgk->bgrts", q_BTGRK, k_BSGK,
+                       preferred_element_type=jnp.float32) * scale
+  if cfg.attn_logit_softcap:
+    s_BGRTS = cfg.attn_logit_softcap * jnp.tanh(s_BGRTS / cfg.attn_logit_softcap)
+  s_BGRTS = jnp.where(allowed_BTS[:, None, None], s_BGRTS, _MASKED)
+  p_BGRTS = jax.nn.softmax(s_BGRTS, axis=-1).astype(v_BSGK.dtype)
+  o_BTGRK = jnp.einsum("bgrts,bsgk->btgrk", p_BGRTS, v_BSGK)
+  return o_BTGRK.reshape(b, t, h, k)
+
+
+def _layer(cfg: Config, p, x_BTD, sin_cos, allowed_BTS, kv_fn):
+  """One pre-norm decoder layer. kv_fn maps this step's (k, v) to all visible (k, v)."""
+  dt = cfg.dtype
+  a, m = p["attn"], p["mlp"]
+  h_BTD = _rms_norm(cfg, x_BTD, p["pre_attn_norm_LD"])
+  q_BTHK, k_BTGK, v_BTGK = _project_qkv(cfg, a, h_BTD, sin_cos)
+  k_BSGK, v_BSGK = kv_fn(k_BTGK, v_BTGK)
+  o_BTHK = _attend(cfg, q_BTHK, k_BSGK, v_BSGK, allowed_BTS)
+  h_BTD = jnp.einsum("bthk,hkd->btd", o_BTHK, a["o_LHKD"].astype(dt))
+  if cfg.post_norms:
+    h_BTD = _rms_norm(cfg, h_BTD, p["post_attn_norm_LD"])
+  x_BTD = x_BTD + h_BTD
+  h_BTD = _rms_norm(cfg, x_BTD, p["pre_mlp_norm_LD"])
+  gate_BTF = jnp.einsum("btd,df->btf", h_BTD, m["gate_LDF"].astype(dt))
+  up_BTF = jnp.einsum("btd,df->btf", h_BTD, m["up_LDF"].astype(dt))
+  h_BTD = jnp.einsum("btf,fd->btd", ACTIVATIONS[cfg.act](gate_BTF) * up_BTF,
+                     m["down_LFD"].astype(dt))
+  if cfg.post_norms:
+    h_BTD = _rms_norm(cfg, h_BTD, p["post_mlp_norm_LD"])
+  return x_BTD + h_BTD
+
+
+def _allowed(cfg: Config, q_pos_BT, k_pos_BS, q_slot_T, k_valid_BS):
+  """(global, local) [B, T, S] masks of which slots each new token may attend to."""
+  k_slot_S = jnp.arange(k_valid_BS.shape[1], dtype=jnp.int32)
+  causal_BTS = (k_slot_S[None, None, :] <= q_slot_T[None, :, None]) & k_valid_BS[:, None, :]
+  if cfg.sliding_window is None:
+    return causal_BTS, causal_BTS
+  near_BTS = (q_pos_BT[:, :, None] - k_pos_BS[:, None, :]) < cfg.sliding_window
+  return causal_BTS, causal_BTS & near_BTS
+
+
+# ------------------------------------------------------------------------------------------
+# The model.
+# ------------------------------------------------------------------------------------------
+
+
+class Transformer(nnx.Module):
+  """Decoder-only LM. Use functionally: `graphdef, params = nnx.split(model)`."""
+
+  def __init__(self, cfg: Config, *, rngs: nnx.Rngs):
+    self.cfg = cfg
+    self.embedding_VD = _normal(rngs, cfg, (cfg.vocab, cfg.width), ("vocab", "embed"), cfg.width)
+    self.layers = Layers(cfg, rngs=rngs)
+    self.final_norm_D = _const(cfg, 0.0 if cfg.norm_plus_one else 1.0, (cfg.width,), ("embed",))
+    if not cfg.tie_embeddings:
+      self.lm_head_DV = _normal(rngs, cfg, (cfg.width, cfg.vocab), ("embed", "vocab"), cfg.width)
+
+  def __call__(self, tokens_BT, positions_BT, input_mask_BT=None) -> jax.Array:
+    """Float32 logits [B, T, V]; logits at t predict token t + 1."""
+    return self.logits(self.hidden(tokens_BT, positions_BT, input_mask_BT))
+
+  def hidden(self, tokens_BT, positions_BT, input_mask_BT=None) -> jax.Array:
+    """Final hidden states [B, T, D] (after the final norm), in `cfg.dtype`."""
+    if input_mask_BT is None:
+      input_mask_BT = jnp.ones(tokens_BT.shape, bool)
+    positions_BT = positions_BT.astype(jnp.int32)
+    slot_T = jnp.arange(tokens_BT.shape[1], dtype=jnp.int32)
+    masks = _allowed(self.cfg, positions_BT, positions_BT, slot_T, input_mask_BT.astype(bool))
+    x_BTD, _ = self._run_layers(self._embed(tokens_BT), positions_BT, masks, None)
+    return _rms_norm(self.cfg, x_BTD, self.final_norm_D[...])
+
+  def unembed_DV(self) -> jax.Array:
+    """The output projection [D, V] in `cfg.dtype` (the embedding transposed when tied)."""
+    w_DV = self.embedding_VD[...].T if self.cfg.tie_embeddings else self.lm_head_DV[...]
+    return w_DV.astype(self.cfg.dtype)
+
+  def logits(self, h_BTD) -> jax.Array:
+    """Float32 logits from final hidden states, with Gemma 2's final soft-cap if set."""
+    logits_BTV = jnp.einsum("btd,dv->btv", h_BTD.astype(self.cfg.dtype), self.unembed_DV(),
+                            preferred_element_type=jnp.float32)
+    if self.cfg.final_logit_softcap:
+      cap = self.cfg.final_logit_softcap
+      logits_BTV = cap * jnp.tanh(logits_BTV / cap)
+    return logits_BTV
+
+  def decode(self, tokens_BT, positions_BT, input_mask_BT, cache: KVCache, cache_index):
+    """Runs T new tokens against the cache; returns (f32 logits [B, T, V], updated cache).
+
+    The new keys/values go to slots [cache_index, cache_index + T) (the caller keeps this in
+    range: out-of-range writes are clamped by XLA). Prefill a left-padded batch with
+    cache_index=0, then decode with T=1. Gives the same logits as `__call__` on the
+    concatenated tokens.
+    """
+    cfg = self.cfg
+    idx = jnp.asarray(cache_index, jnp.int32)
+    positions_BT = positions_BT.astype(jnp.int32)
+    if input_mask_BT is None:
+      input_mask_BT = jnp.ones(tokens_BT.shape, bool)
+    valid_BS = jax.lax.dynamic_update_slice(cache.valid_BS, input_mask_BT.astype(bool), (0, idx))
+    pos_BS = jax.lax.dynamic_update_slice(cache.pos_BS, positions_BT, (0, idx))
+    slot_T = idx + jnp.arange(tokens_BT.shape[1], dtype=jnp.int32)
+    masks = _allowed(cfg, positions_BT, pos_BS, slot_T, valid_BS)
+    kv = (cache.k_LBSHK, cache.v_LBSHK, idx)
+    x_BTD, (k_LBSHK, v_LBSHK, _) = self._run_layers(self._embed(tokens_BT), positions_BT,
+                                                     masks, kv)
+    logits_BTV = self.logits(_rms_norm(cfg, x_BTD, self.final_norm_D[...]))
+    return logits_BTV, KVCache(k_LBSHK, v_LBSHK, valid_BS, pos_BS)
+
+  def _embed(self, tokens_BT):
+    x_BTD = jnp.take(self.embedding_VD[...], tokens_BT, axis=0).astype(self.cfg.dtype)
+    if self.cfg.embed_scale:  # Gemma rounds sqrt(D) to the compute dtype first
+      x_BTD = x_BTD * jnp.asarray(math.sqrt(self.cfg.width), self.cfg.dtype)
+    return x_BTD
+
+  def _run_layers(self, x_BTD, positions_BT, masks, kv):
+    """Scans the stacked layers. kv is None (no cache) or (k_LBSHK, v_LBSHK, write index)."""
+    cfg = self.cfg
+    params = nnx.state(self.layers, nnx.Param).to_pure_dict()
+    has_local = any(cfg.local_layers)
+    rope_global = _rope_tables(cfg, positions_BT, local=False)
+    rope_local = _rope_tables(cfg, positions_BT, local=True) if has_local else rope_global
+    xs = (params, jnp.arange(cfg.depth, dtype=jnp.int32), jnp.asarray(cfg.local_layers))
+
+    def body(carry, xs):
+      x_BTD, kv = carry
+      p, layer, local = xs
+      pick = lambda a, b: jnp.where(local, a, b) if has_local else b
+      sin_cos = jax.tree.map(pick, rope_local, rope_global)
+      allowed_BTS = pick(masks[1], masks[0])
+      if kv is None:
+        return (_layer(cfg, p, x_BTD, sin_cos, allowed_BTS, lambda k, v: (k, v)), None), None
+      k_LBSHK, v_LBSHK, idx = kv
+      written = {}
+
+      def kv_fn(k_BTGK, v_BTGK):
+        start = (layer, 0, idx, 0, 0)
+        written["k"] = jax.lax.dynamic_update_slice(
+            k_LBSHK, k_BTGK[None].astype(k_LBSHK.dtype), start)
+        written["v"] = jax.lax.dynamic_update_slice(
+            v_LBSHK, v_BTGK[None].astype(v_LBSHK.dtype), start)
+        dt = cfg.dtype
+        return written["k"][layer].astype(dt), written["v"][layer].astype(dt)
+
+      x_BTD = _layer(cfg, p, x_BTD, sin_cos, allowed_BTS, kv_fn)
+      return (x_BTD, (written["k"], written["v"], idx)), None
+
+    if cfg.remat:
+      body = jax.checkpoint(body)
+    (x_BTD, kv), _ = jax.lax.scan(body, (x_BTD, kv), xs)
+    return x_BTD, kv

@@ -1,0 +1,133 @@
+"""Tests for agentrl.rollout.sampler on the tiny transformer config."""
+from absl.testing import absltest
+from flax import nnx
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from agentrl.models import policy
+from agentrl.models import transformer
+from agentrl.rollout import sampler as sampler_lib
+
+jax.config.update("jax_numpy_rank_promotion", "raise")
+
+PAD = 0
+PROMPTS = [[5, 6, 7, 8, 9], [11, 12, 13], [3, 4, 5, 6, 7, 8, 9]]   # 3 rows -> batch bucket 4
+
+
+def _model(seed=0):
+  return transformer.Transformer(transformer.Config.named("tiny"), rngs=nnx.Rngs(seed))
+
+
+def _full_sequences(prompts, out):
+  """Right-padded prompt + sampled tokens, as the trainer would see them."""
+  seqs = [list(p) + list(out.tokens_BN[i, :out.lengths_B[i]]) for i, p in enumerate(prompts)]
+  T = max(len(s) for s in seqs)
+  tokens_BT = np.full((len(seqs), T), PAD, np.int32)
+  mask_BT = np.zeros((len(seqs), T), bool)
+  for i, s in enumerate(seqs):
+    tokens_BT[i, :len(s)], mask_BT[i, :len(s)] = s, True
+  positions_BT = np.broadcast_to(np.arange(T, dtype=np.int32), tokens_BT.shape)
+  return jnp.asarray(tokens_BT), jnp.asarray(positions_BT), jnp.asarray(mask_BT)
+
+
+class SamplerTest(absltest.TestCase):
+
+  @classmethod
+  def setUpClass(cls):
+    super().setUpClass()
+    cls.model = _model()
+    cls.graphdef, cls.params = nnx.split(cls.model)
+    cls.sampler = sampler_lib.Sampler(cls.graphdef, pad_id=PAD)
+    cls.vocab = transformer.Config.named("tiny").vocab
+
+  def _generate(self, prompts=PROMPTS, seed=0, **kw):
+    kw.setdefault("max_new_tokens", 10)
+    return self.sampler.generate(self.params, prompts, rng=jax.random.key(seed), **kw)
+
+  def test_logp_equals_token_logprobs(self):
+    out = self._generate(temperature=0.7)
+    self.assertTrue(np.all(out.lengths_B == 10))
+    tokens_BT, positions_BT, mask_BT = _full_sequences(PROMPTS, out)
+    logp_BT = policy.token_logprobs(self.model, tokens_BT, positions_BT, mask_BT,
+                                    temperature=0.7)
+    for i, p in enumerate(PROMPTS):
+      n = out.lengths_B[i]
+      np.testing.assert_allclose(out.logp_BN[i, :n], logp_BT[i, len(p):len(p) + n], atol=1e-5,
+                                 rtol=0)
+    self.assertTrue(np.all(out.logp_BN < 0))        # real log-probs, not zeros
+
+  def test_truncated_logp_is_renormalized_over_top_k(self):
+    tempered = self._generate(top_k=3, seed=1)
+    truncated = self._generate(top_k=3, seed=1, logp_mode="truncated")
+    np.testing.assert_array_equal(tempered.tokens_BN, truncated.tokens_BN)
+    # Renormalizing over 3 of V tokens raises every log-prob, and never above 0.
+    self.assertTrue(np.all(truncated.logp_BN > tempered.logp_BN))
+    self.assertTrue(np.all(truncated.logp_BN <= 0))
+
+  def test_greedy_equals_argmax_of_full_forward(self):
+    out = self._generate(greedy=True)
+    tokens_BT, positions_BT, mask_BT = _full_sequences(PROMPTS, out)
+    logits_BTV = self.model(tokens_BT, positions_BT, mask_BT)
+    argmax_BT = np.asarray(jnp.argmax(logits_BTV, -1))
+    for i, p in enumerate(PROMPTS):
+      n = out.lengths_B[i]
+      # Logits at t predict token t + 1.
+      np.testing.assert_array_equal(out.tokens_BN[i, :n], argmax_BT[i, len(p) - 1:len(p) + n - 1])
+    sampled = self._generate(seed=3)
+    self.assertFalse(np.array_equal(sampled.tokens_BN, out.tokens_BN))
+
+  def test_top_k_1_and_tiny_top_p_equal_greedy(self):
+    greedy = self._generate(greedy=True)
+    np.testing.assert_array_equal(self._generate(top_k=1, seed=5).tokens_BN, greedy.tokens_BN)
+    np.testing.assert_array_equal(self._generate(top_p=1e-6, seed=5).tokens_BN,
+                                  greedy.tokens_BN)
+
+  def test_stop_ids_max_tokens_and_early_exit(self):
+    greedy = self._generate(greedy=True)
+    stop = int(greedy.tokens_BN[0, 2])
+    out = self._generate(greedy=True, stop_ids=[[stop], [], []], max_new_tokens=[10, 4, 0])
+    first = int(np.argmax(greedy.tokens_BN[0] == stop))       # first occurrence of stop in row 0
+    np.testing.assert_array_equal(out.lengths_B, [first + 1, 4, 0])
+    np.testing.assert_array_equal(out.stopped_B, [True, False, False])
+    np.testing.assert_array_equal(out.tokens_BN[0, :first + 1], greedy.tokens_BN[0, :first + 1])
+    np.testing.assert_array_equal(out.tokens_BN[0, first + 1:], PAD)
+    np.testing.assert_array_equal(out.tokens_BN[1, 4:], PAD)
+    np.testing.assert_array_equal(out.logp_BN[2], 0.0)
+    # Every row is done after max(first + 1, 4) tokens: the loop exits long before 16 steps.
+    self.assertEqual(out.num_steps, max(first + 1, 4))
+    self.assertLess(out.num_steps, 16)
+
+  def test_same_bucket_reuses_program_and_params_are_arguments(self):
+    sampler = sampler_lib.Sampler(self.graphdef, pad_id=PAD)
+    a = sampler.generate(self.params, [[1, 2, 3, 4, 5], [6]], rng=jax.random.key(0),
+                         max_new_tokens=5, greedy=True)
+    sampler.generate(self.params, [[1, 2, 3, 4, 5, 6, 7], [8, 9]], rng=jax.random.key(0),
+                     max_new_tokens=7, greedy=True)
+    self.assertEqual(sampler.num_traces, 1)      # P, B and N buckets all unchanged
+    _, other_params = nnx.split(_model(seed=1))
+    b = sampler.generate(other_params, [[1, 2, 3, 4, 5], [6]], rng=jax.random.key(0),
+                         max_new_tokens=5, greedy=True)
+    self.assertEqual(sampler.num_traces, 1)      # new weights, same program
+    self.assertFalse(np.array_equal(a.tokens_BN, b.tokens_BN))
+    sampler.generate(self.params, [list(range(1, 21)), [6]], rng=jax.random.key(0),
+                     max_new_tokens=5)
+    self.assertEqual(sampler.num_traces, 2)      # prompt bucket 32 is a new program
+
+  def test_bucket(self):
+    self.assertEqual([sampler_lib.bucket(n, 16) for n in (1, 16, 17, 33)], [16, 16, 32, 64])
+    self.assertEqual([sampler_lib.bucket(n) for n in (1, 3, 4, 5)], [1, 4, 4, 8])
+
+  def test_bad_input_names_the_value(self):
+    with self.assertRaisesRegex(ValueError, "prompt 1 is empty"):
+      self._generate(prompts=[[1], []])
+    with self.assertRaisesRegex(ValueError, "temperature"):
+      self._generate(temperature=0.0)
+    with self.assertRaisesRegex(ValueError, "logp_mode"):
+      self._generate(logp_mode="renormalized")
+    with self.assertRaisesRegex(ValueError, "max_new_tokens has 2 entries"):
+      self._generate(max_new_tokens=[1, 2])
+
+
+if __name__ == "__main__":
+  absltest.main()
