@@ -519,7 +519,9 @@ def kl_cov(logp_BT: jax.Array, old_logp_BT: jax.Array, adv_BT: jax.Array, mask_B
   cov_BT = _covariance(adv_BT, logp_BT, valid_BT)
   n_top = jnp.maximum(jnp.floor(kl_cov_ratio * valid_BT.sum().astype(jnp.float32)), 1.0)
   top_BT = valid_BT & (_ranks(jnp.where(valid_BT, -cov_BT, jnp.inf)) < n_top)
-  abs_kl_BT = jnp.abs(log_ratio_BT)
+  # sign(ℓ)·ℓ = |ℓ| with gradient sign(ℓ), 0 at ℓ = 0 like torch's abs in verl (jnp.abs has
+  # gradient 1 there, which would bias the on-policy gradient away from REINFORCE).
+  abs_kl_BT = jnp.sign(log_ratio_BT) * log_ratio_BT
   loss_BT = -adv_BT * ratio_BT + jnp.where(top_BT, ppo_kl_coef * abs_kl_BT, 0.0)
   metrics = _metrics(ratio_BT, valid_BT, log_ratio_BT, valid_BT, cov_kl_frac=top_BT)
   metrics["ppo_kl_abs"] = _mean(abs_kl_BT, valid_BT)

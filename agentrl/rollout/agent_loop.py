@@ -12,30 +12,36 @@ env an action, and that text is never encoded again (architecture.md §2). The e
 rendered through the chat template (the text that follows an assistant turn: end-of-turn,
 user header, observation, assistant header) and only that text is tokenized; when the model
 already emitted the end-of-turn token, its copy at the start of the rendered text is dropped.
+With `chat_template=False` (tiny from-scratch models, raw-text tasks) the first observation
+is encoded with BOS and later ones are appended as plain text.
 
-Bad input never crashes a rollout (architecture.md §6); each case is counted in the metrics:
-  env_errors       reset or step raised; the row ends with reward 0 (a raising reset gets an
-                   error prompt so the row still has real tokens and keeps the group layout).
-  empty_actions    the model produced no text; the env is not stepped, the turn earns 0 and
-                   the row continues with EMPTY_ACTION_OBSERVATION.
-  obs_overflow     the observation does not fit in max_len; the row ends truncated.
-  prompt_overflow  the first prompt does not fit in max_len; the row ends truncated, unsampled.
+Every env is wrapped in `agentrl.envs.safe.SafeEnv` (unless it already is one), so bad input
+never crashes a rollout (architecture.md §6) and every case is counted in the metrics:
+  env/env_errors     reset or step raised. A failed reset leaves the row with the error text
+                     as its prompt and no model turn (it keeps the group layout and has real
+                     tokens); a failed step ends the row with reward 0 for that turn.
+  env/empty_actions  the model produced no text (e.g. end-of-turn first). The env gets "" and,
+                     by the Env contract (envs/base.py), answers with an error observation and
+                     a zero reward; the row goes on if the env does not end it.
+  rollout/obs_overflow     the observation does not fit in max_len: the row ends truncated.
+  rollout/prompt_overflow  the first prompt does not fit in max_len: the row ends truncated.
+  (plus SafeEnv's other counters: invalid_actions, nonfinite_rewards, truncated_observations...)
 
 Token bookkeeping: loss_mask is 1 exactly on sampled ids; `turn` is -1 on the first prompt
 and u on model turn u and on the observation that answers it; the reward of a trajectory is
-the sum of its per-turn rewards. `truncated` means a budget (tokens or turns) ended the row
-before the env said done.
+the sum of its per-turn rewards. `truncated` means a budget (tokens, loop turns or the env's
+own turn limit) ended the row before the env finished the episode.
 """
+import collections
 import dataclasses
 from typing import Any, Callable, Sequence
 
-from absl import logging
 import jax
 import numpy as np
 
+from agentrl.envs import safe
 from agentrl.rollout import sampler as sampler_lib
 
-EMPTY_ACTION_OBSERVATION = "Error: empty reply. Reply with an action."
 _PLACEHOLDER = "AGENTRLASSISTANTTURNPLACEHOLDER"
 
 
@@ -46,14 +52,13 @@ class Trajectory:
   loss_mask: np.ndarray        # float32 [T], 1 on policy-sampled ids only
   turn: np.ndarray             # int32 [T], -1 on the first prompt
   sampler_logp: np.ndarray     # float32 [T], sampler log-probs, 0 off policy ids
-  turn_rewards: list[float]    # one per model turn that reached the env (or was empty)
+  turn_rewards: list[float]    # one per env step
   reward: float                # sum(turn_rewards)
   done: bool                   # the env ended the episode
   truncated: bool              # a token or turn budget ended it first
   prompt_len: int
   greedy: bool = False
-  errors: list[str] = dataclasses.field(default_factory=list)
-  infos: list[dict] = dataclasses.field(default_factory=list)
+  infos: list[dict] = dataclasses.field(default_factory=list)   # env info of each step
 
 
 @dataclasses.dataclass
@@ -66,10 +71,10 @@ class GroupRollout:
 class _Row:
   """Mutable transcript while a rollout runs."""
 
-  def __init__(self, env, greedy: bool):
+  def __init__(self, env: safe.SafeEnv, greedy: bool):
     self.env, self.greedy = env, greedy
     self.tokens, self.loss_mask, self.turn, self.logp = [], [], [], []
-    self.turn_rewards, self.errors, self.infos = [], [], []
+    self.turn_rewards, self.infos = [], []
     self.done = self.truncated = self.finished = False
     self.prompt_len = 0
 
@@ -80,8 +85,8 @@ class _Row:
     self.loss_mask.extend([1.0 if sampled else 0.0] * len(ids))
     self.logp.extend([float(x) for x in logp] if sampled else [0.0] * len(ids))
 
-  def finish(self, *, truncated: bool = False):
-    self.finished, self.truncated = True, self.truncated or truncated
+  def finish(self, *, done: bool = False, truncated: bool = False):
+    self.finished, self.done, self.truncated = True, done, truncated
 
   def trajectory(self) -> Trajectory:
     return Trajectory(
@@ -89,98 +94,90 @@ class _Row:
         turn=np.asarray(self.turn, np.int32), sampler_logp=np.asarray(self.logp, np.float32),
         turn_rewards=list(self.turn_rewards), reward=float(sum(self.turn_rewards)),
         done=self.done, truncated=self.truncated, prompt_len=self.prompt_len, greedy=self.greedy,
-        errors=list(self.errors), infos=list(self.infos))
+        infos=list(self.infos))
 
 
-def _render_prompt(tok, text: str, system_prompt: str | None) -> list[int]:
-  messages = [{"role": "system", "content": system_prompt}] if system_prompt else []
-  messages.append({"role": "user", "content": text})
-  return list(tok.encode(tok.apply_chat_template(messages, add_generation_prompt=True)))
+class _Renderer:
+  """Turns env text into token ids: the only place the loop calls `tok.encode`."""
+
+  def __init__(self, tok, *, chat_template: bool, system_prompt: str | None):
+    self.tok, self.chat_template, self.system_prompt = tok, chat_template, system_prompt
+
+  def prompt(self, text: str, env_system_prompt: str) -> list[int]:
+    if not self.chat_template:
+      return list(self.tok.encode(text, add_bos=True))
+    system = self.system_prompt if self.system_prompt is not None else env_system_prompt
+    messages = [{"role": "system", "content": system}] if system else []
+    messages.append({"role": "user", "content": text})
+    return list(self.tok.encode(self.tok.apply_chat_template(messages,
+                                                             add_generation_prompt=True)))
+
+  def observation(self, text: str, model_eot: int | None) -> list[int]:
+    """Ids of the text that follows an assistant turn and carries the observation `text`."""
+    if not self.chat_template:
+      return list(self.tok.encode(text))
+    rendered = self.tok.apply_chat_template(
+        [{"role": "user", "content": "q"}, {"role": "assistant", "content": _PLACEHOLDER},
+         {"role": "user", "content": text}], add_generation_prompt=True)
+    at = rendered.find(_PLACEHOLDER)
+    if at < 0:
+      raise ValueError("The tokenizer's chat template does not render assistant content "
+                       "verbatim, so observations cannot be appended after a sampled turn; use "
+                       "a template that keeps message['content'] unchanged, or "
+                       "chat_template=False.")
+    ids = list(self.tok.encode(rendered[at + len(_PLACEHOLDER):]))
+    # The model's own end-of-turn id is already in the transcript (as a sampled token).
+    if model_eot is not None and ids[:1] == [model_eot]:
+      ids = ids[1:]
+    return ids
 
 
-def _render_observation(tok, text: str, model_eot: int | None) -> list[int]:
-  """Ids of the template text that follows an assistant turn and carries `text`."""
-  rendered = tok.apply_chat_template(
-      [{"role": "user", "content": "q"}, {"role": "assistant", "content": _PLACEHOLDER},
-       {"role": "user", "content": text}], add_generation_prompt=True)
-  at = rendered.find(_PLACEHOLDER)
-  if at < 0:
-    raise ValueError("The tokenizer's chat template does not reproduce assistant content "
-                     "verbatim, so observations cannot be appended after a sampled turn; use "
-                     "a template that renders message['content'] unchanged.")
-  ids = list(tok.encode(rendered[at + len(_PLACEHOLDER):]))
-  # The model's own end-of-turn id is already in the transcript (as a sampled token).
-  if model_eot is not None and ids[:1] == [model_eot]:
-    ids = ids[1:]
-  return ids
-
-
-def _reset(row: _Row, seed, tok, system_prompt, max_len, counts):
-  try:
-    obs = row.env.reset(seed)
-  except Exception as e:  # pylint: disable=broad-except
-    logging.warning("env.reset(%r) raised %r; the row gets an error prompt and reward 0.", seed, e)
-    counts["env_errors"] += 1
-    row.errors.append(f"reset: {e!r}")
-    row.append(_render_prompt(tok, f"Error: environment failed to start ({e!r}).",
-                              system_prompt), turn=-1)
-    row.prompt_len = len(row.tokens)
-    row.finish()
-    return
-  row.append(_render_prompt(tok, str(obs), system_prompt), turn=-1)
+def _start(row: _Row, seed, render: _Renderer, max_len: int, counts):
+  obs = row.env.reset(seed)                      # SafeEnv: an error observation on failure
+  row.append(render.prompt(obs, row.env.system_prompt), turn=-1)
   row.prompt_len = len(row.tokens)
-  if row.prompt_len >= max_len:
+  if row.env.reset_error:
+    row.finish()
+  elif row.prompt_len >= max_len:
     counts["prompt_overflow"] += 1
     row.finish(truncated=True)
 
 
-def _env_turn(row: _Row, action_ids, stopped: bool, turn: int, tok, *, last_turn: bool,
-              max_len: int, counts):
+def _env_turn(row: _Row, action_ids, stopped: bool, turn: int, *, tok, render: _Renderer,
+              last_turn: bool, max_len: int, counts):
   """Steps the env with the decoded action, then appends the observation or ends the row."""
-  text = tok.decode(list(action_ids))
-  if not text.strip():
-    counts["empty_actions"] += 1
-    obs, reward, done = EMPTY_ACTION_OBSERVATION, 0.0, False
-  else:
-    try:
-      obs, reward, done, info = row.env.step(text)
-      row.infos.append(dict(info or {}))
-    except Exception as e:  # pylint: disable=broad-except
-      logging.warning("env.step raised %r; the row ends with reward 0 for this turn.", e)
-      counts["env_errors"] += 1
-      row.errors.append(f"step {turn}: {e!r}")
-      row.turn_rewards.append(0.0)
-      row.finish()
-      return
+  obs, reward, done, info = row.env.step(tok.decode([int(t) for t in action_ids]))
   row.turn_rewards.append(float(reward))
+  row.infos.append(info)
   if done:
-    row.done = True
-    row.finish()
-    return
-  if last_turn or len(row.tokens) >= max_len:
+    row.finish(done=not info.get("turn_limit", False), truncated=info.get("turn_limit", False))
+  elif last_turn or len(row.tokens) >= max_len:
     row.finish(truncated=True)
-    return
-  obs_ids = _render_observation(tok, str(obs), row.tokens[-1] if stopped else None)
-  if len(row.tokens) + len(obs_ids) >= max_len:  # no room left for a model turn
-    counts["obs_overflow"] += 1
-    row.errors.append(f"observation of {len(obs_ids)} tokens after turn {turn} exceeds max_len")
-    row.finish(truncated=True)
-    return
-  row.append(obs_ids, turn=turn)
+  else:
+    obs_ids = render.observation(obs, row.tokens[-1] if stopped else None)
+    if len(row.tokens) + len(obs_ids) >= max_len:    # no room left for a model turn
+      counts["obs_overflow"] += 1
+      row.finish(truncated=True)
+    else:
+      row.append(obs_ids, turn=turn)
 
 
 def run(sampler: sampler_lib.Sampler, params, tok, envs: Sequence[Any], seeds: Sequence[Any], *,
         rng: jax.Array, max_turns: int, max_new_tokens: int, max_len: int,
-        greedy: bool | Sequence[bool] = False, system_prompt: str | None = None,
+        greedy: bool | Sequence[bool] = False, chat_template: bool = True,
+        system_prompt: str | None = None,
         **sample_kwargs) -> tuple[list[Trajectory], dict[str, float]]:
   """Runs env i from reset(seeds[i]) for up to max_turns model turns; returns (trajs, metrics).
 
   Args:
     sampler: a Sampler built for the policy graph; params: the policy's nnx.State.
     tok: tokenizer (encode, decode, apply_chat_template, end_of_turn_ids, eos_id).
-    envs: objects with reset(seed) -> str and step(text) -> (str, reward, done, info).
+    envs: Env objects (envs/base.py); each is wrapped in SafeEnv unless it is one already.
+    seeds: one reset seed per env.
     max_new_tokens: per-turn sampling budget; max_len: budget for the whole transcript.
     greedy: argmax decoding for all rows or per row.
+    chat_template: render env text through tok.apply_chat_template (else raw text).
+    system_prompt: overrides each env's own `system_prompt` (chat_template only).
     **sample_kwargs: temperature, top_k, top_p, logp_mode for `Sampler.generate`.
   """
   if len(envs) != len(seeds):
@@ -190,11 +187,13 @@ def run(sampler: sampler_lib.Sampler, params, tok, envs: Sequence[Any], seeds: S
                      f"{max_turns}, {max_new_tokens}, {max_len}.")
   flags = [bool(greedy)] * len(envs) if isinstance(greedy, bool) else [bool(g) for g in greedy]
   stop_ids = sorted({int(t) for t in tok.end_of_turn_ids} | {int(tok.eos_id)})
-  counts = dict(env_errors=0, empty_actions=0, obs_overflow=0, prompt_overflow=0)
-  rows = [_Row(env, g) for env, g in zip(envs, flags)]
+  render = _Renderer(tok, chat_template=chat_template, system_prompt=system_prompt)
+  safe_envs = [e if isinstance(e, safe.SafeEnv) else safe.SafeEnv(e) for e in envs]
+  before = [dict(e.counters) for e in safe_envs]
+  counts = collections.Counter(obs_overflow=0, prompt_overflow=0, sampled_tokens=0)
+  rows = [_Row(env, g) for env, g in zip(safe_envs, flags)]
   for row, seed in zip(rows, seeds):
-    _reset(row, seed, tok, system_prompt, max_len, counts)
-  sampled_tokens = 0
+    _start(row, seed, render, max_len, counts)
   for turn in range(max_turns):
     active = [r for r in rows if not r.finished]
     if not active:
@@ -207,18 +206,24 @@ def run(sampler: sampler_lib.Sampler, params, tok, envs: Sequence[Any], seeds: S
       n, stopped = int(out.lengths_B[i]), bool(out.stopped_B[i])
       ids = out.tokens_BN[i, :n]
       row.append(ids, turn=turn, logp=out.logp_BN[i, :n])
-      sampled_tokens += n
-      _env_turn(row, ids[:-1] if stopped else ids, stopped, turn, tok,
+      counts["sampled_tokens"] += n
+      _env_turn(row, ids[:-1] if stopped else ids, stopped, turn, tok=tok, render=render,
                 last_turn=turn == max_turns - 1, max_len=max_len, counts=counts)
   trajs = [r.trajectory() for r in rows]
   metrics = {f"rollout/{k}": float(v) for k, v in counts.items()}
-  metrics.update({
-      "rollout/reward_mean": float(np.mean([t.reward for t in trajs])) if trajs else 0.0,
-      "rollout/truncated_frac": float(np.mean([t.truncated for t in trajs])) if trajs else 0.0,
-      "rollout/turns_mean": float(np.mean([len(t.turn_rewards) for t in trajs])) if trajs else 0.,
-      "rollout/sampled_tokens": float(sampled_tokens),
-  })
+  for key in safe.COUNTERS:
+    metrics[f"env/{key}"] = float(sum(e.counters[key] - b[key]
+                                       for e, b in zip(safe_envs, before)))
+  metrics.update(_summary(trajs))
   return trajs, metrics
+
+
+def _summary(trajs: Sequence[Trajectory]) -> dict[str, float]:
+  mean = lambda xs: float(np.mean(xs)) if len(xs) else 0.0
+  return {"rollout/reward_mean": mean([t.reward for t in trajs]),
+          "rollout/truncated_frac": mean([t.truncated for t in trajs]),
+          "rollout/turns_mean": mean([len(t.turn_rewards) for t in trajs]),
+          "rollout/response_tokens_mean": mean([t.loss_mask.sum() for t in trajs])}
 
 
 def rollout_groups(sampler: sampler_lib.Sampler, params, tok, make_env: Callable[[], Any],
@@ -228,21 +233,23 @@ def rollout_groups(sampler: sampler_lib.Sampler, params, tok, make_env: Callable
 
   All P * G (+ P) rows run in the same sampler batches. The greedy rows are returned apart
   (`baseline`, one per prompt) so the main batch keeps the [i*G, (i+1)*G) group layout; their
-  rewards are the ReMax baseline b_i (algorithms.md §4.11).
+  rewards are the ReMax baseline b_i (algorithms.md §4.11). Summary metrics cover the main
+  rows; rollout/baseline_reward_mean the greedy ones.
   """
   if group_size < 1:
     raise ValueError(f"group_size must be >= 1, got {group_size}.")
+  if "greedy" in run_kwargs:
+    raise ValueError("rollout_groups sets greedy per row; use greedy_baseline=True instead.")
   P = len(seeds)
   row_seeds = [s for s in seeds for _ in range(group_size)]
   flags = [False] * len(row_seeds)
   if greedy_baseline:
     row_seeds, flags = row_seeds + list(seeds), flags + [True] * P
-  if "greedy" in run_kwargs:
-    raise ValueError("rollout_groups sets greedy per row; use greedy_baseline=True instead.")
   envs = [make_env() for _ in row_seeds]
   trajs, metrics = run(sampler, params, tok, envs, row_seeds, greedy=flags, **run_kwargs)
-  main, baseline = trajs[:P * group_size], trajs[P * group_size:] if greedy_baseline else None
-  metrics["rollout/reward_mean"] = float(np.mean([t.reward for t in main])) if main else 0.0
+  main = trajs[:P * group_size]
+  baseline = trajs[P * group_size:] if greedy_baseline else None
+  metrics.update(_summary(main))
   if baseline is not None:
-    metrics["rollout/baseline_reward_mean"] = float(np.mean([t.reward for t in baseline]))
+    metrics["rollout/baseline_reward_mean"] = _summary(baseline)["rollout/reward_mean"]
   return GroupRollout(main, baseline, metrics)

@@ -61,7 +61,12 @@ class CharTokenizer:
 
 
 class ScriptedEnv:
-  """Three-step episode: observation 'obs k', reward k + 1 on step k, done after step 3."""
+  """Three-step episode: observation 'o' * obs_len, reward k on step k, done after step 3.
+
+  Follows the Env contract for empty actions: an error observation, reward 0, no progress.
+  """
+  system_prompt = ""
+  max_turns = 10
 
   def __init__(self, obs_len=5, fail_on_step=None, fail_on_reset=False):
     self.obs_len, self.fail_on_step, self.fail_on_reset = obs_len, fail_on_step, fail_on_reset
@@ -74,6 +79,8 @@ class ScriptedEnv:
     return f"start {seed}"
 
   def step(self, action):
+    if not action.strip():
+      return "Error: empty", 0.0, False, {"error": "empty action"}
     self.actions.append(action)
     k = len(self.actions)
     if k == self.fail_on_step:
@@ -137,10 +144,10 @@ class AgentLoopTest(absltest.TestCase):
     # Only the prompts and the observation renders were ever encoded.
     allowed = {"<user>start 0<eot><asst>", "<user>start 1<eot><asst>",
                "<eot><user>ooooo<eot><asst>",
-               f"<eot><user>{agent_loop.EMPTY_ACTION_OBSERVATION}<eot><asst>"}
+               "<eot><user>Error: empty<eot><asst>"}
     self.assertTrue(set(tok.encoded) <= allowed, set(tok.encoded) - allowed)
     self.assertLen(spy.calls, 3)
-    self.assertEqual(metrics["rollout/env_errors"], 0)
+    self.assertEqual(metrics["env/env_errors"], 0)
 
   def test_turn_layout_of_a_completed_episode(self):
     trajs, _, _, _ = self._run([ScriptedEnv(), ScriptedEnv()], max_new_tokens=3)
@@ -160,19 +167,19 @@ class AgentLoopTest(absltest.TestCase):
         return "  "
     envs = [ScriptedEnv(), ScriptedEnv()]
     trajs, metrics, _, tok = self._run(envs, tok=EmptyDecode())
-    self.assertEqual(metrics["rollout/empty_actions"], 6)      # 2 rows x 3 turns
+    self.assertEqual(metrics["env/empty_actions"], 6)         # 2 rows x 3 turns, no crash
     for env, t in zip(envs, trajs):
-      self.assertEqual(env.actions, [])                        # env never stepped
+      self.assertEqual(env.actions, [])                        # the env made no progress
       self.assertEqual(t.turn_rewards, [0.0, 0.0, 0.0])
-      self.assertTrue(t.truncated)                             # turn budget, not done
-    self.assertIn(agent_loop.EMPTY_ACTION_OBSERVATION, "".join(tok.encoded))
+      self.assertTrue(t.truncated)                             # the turn budget ended it
+    self.assertIn("<eot><user>Error: empty<eot><asst>", tok.encoded)
 
   def test_raising_env_is_contained(self):
     envs = [ScriptedEnv(fail_on_step=1), ScriptedEnv(fail_on_reset=True), ScriptedEnv()]
     trajs, metrics, _, _ = self._run(envs)
-    self.assertEqual(metrics["rollout/env_errors"], 2)
+    self.assertEqual(metrics["env/env_errors"], 2)
     self.assertEqual(trajs[0].turn_rewards[-1], 0.0)
-    self.assertTrue(trajs[0].errors[0].startswith("step"), trajs[0].errors)
+    self.assertIn("step failed", trajs[0].infos[-1]["error"])
     self.assertEqual(trajs[1].loss_mask.sum(), 0)               # never sampled
     self.assertGreater(len(trajs[1].tokens), 0)                 # error prompt keeps real tokens
     self.assertGreater(len(trajs[2].turn_rewards), 1)           # the healthy row went on

@@ -1,0 +1,124 @@
+"""Tests for agentrl.checkpoint: round trip of a full training tree, interval, keep-N, atomicity."""
+import os
+import shutil
+import tempfile
+
+from absl.testing import absltest
+from flax import nnx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from agentrl import checkpoint
+from agentrl import types
+
+def _tmpdir(test) -> str:
+  # tempfile rather than absltest's create_tempdir, which needs parsed absl flags (pytest).
+  path = tempfile.mkdtemp()
+  test.addCleanup(shutil.rmtree, path, ignore_errors=True)
+  return path
+
+
+
+class _Tiny(nnx.Module):
+
+  def __init__(self, rngs):
+    self.dense = nnx.Linear(3, 4, rngs=rngs)
+
+
+def _tree(seed: int):
+  _, params = nnx.split(_Tiny(nnx.Rngs(seed)))
+  tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adam(1e-3))
+  state = types.TrainState(step=jnp.array(seed, jnp.int32), params=params,
+                           opt_state=tx.init(params))
+  return {"train": state, "rng": jax.random.key(seed), "dual": {"lam": jnp.float32(seed / 10)}}
+
+
+def _assert_trees_equal(test, a, b):
+  test.assertEqual(jax.tree.structure(a), jax.tree.structure(b))
+  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+class CheckpointerTest(absltest.TestCase):
+
+  def test_round_trip_of_state_rng_dual_and_meta(self):
+    d = _tmpdir(self)
+    ckpt = checkpoint.Checkpointer(d, save_every=1)
+    saved = _tree(3)
+    meta = {"data": {"index": 17, "epoch": 1}, "step": 3}
+    self.assertTrue(ckpt.save(3, saved, meta))
+    ckpt.close()
+
+    reopened = checkpoint.Checkpointer(d, save_every=1)
+    self.assertEqual(reopened.latest_step(), 3)
+    template = _tree(0)  # different values, same structure: proves values come from disk
+    restored, restored_meta = reopened.restore(template)
+    self.assertEqual(restored_meta, meta)
+    self.assertIsInstance(restored["train"], types.TrainState)
+    self.assertIsInstance(restored["train"].params, nnx.State)
+    self.assertTrue(jnp.issubdtype(restored["rng"].dtype, jax.dtypes.prng_key))
+    np.testing.assert_array_equal(jax.random.key_data(restored["rng"]),
+                                  jax.random.key_data(saved["rng"]))
+    unwrap = lambda t: {**t, "rng": jax.random.key_data(t["rng"])}
+    _assert_trees_equal(self, unwrap(restored), unwrap(saved))
+    self.assertFalse(np.array_equal(restored["dual"]["lam"], template["dual"]["lam"]))
+    reopened.close()
+
+  def test_restore_from_abstract_template(self):
+    d = _tmpdir(self)
+    ckpt = checkpoint.Checkpointer(d, save_every=1, async_save=False)
+    ckpt.save(1, _tree(1))
+    abstract = jax.eval_shape(lambda: _tree(0))
+    restored, meta = ckpt.restore(abstract)
+    self.assertEqual(meta, {})
+    np.testing.assert_array_equal(restored["train"].step, 1)
+    ckpt.close()
+
+  def test_interval_keep_and_force(self):
+    d = _tmpdir(self)
+    ckpt = checkpoint.Checkpointer(d, save_every=2, keep=2, async_save=False)
+    tree = _tree(0)
+    saved = [ckpt.save(s, tree) for s in range(1, 8)]
+    self.assertEqual(saved, [False, True, False, True, False, True, False])
+    self.assertFalse(ckpt.save(6, tree, force=True))  # already saved
+    self.assertTrue(ckpt.save(7, tree, force=True))
+    self.assertEqual(ckpt.all_steps(), [6, 7])
+    ckpt.close()
+
+  def test_incomplete_save_is_ignored_and_cleaned(self):
+    d = _tmpdir(self)
+    ckpt = checkpoint.Checkpointer(d, save_every=1, async_save=False)
+    ckpt.save(2, _tree(2))
+    ckpt.close()
+    # What a SIGKILL during the write of step 3 leaves behind: a temporary directory.
+    partial = os.path.join(d, "3.orbax-checkpoint-tmp-1234")
+    os.makedirs(os.path.join(partial, "state"))
+    reopened = checkpoint.Checkpointer(d, save_every=1)
+    self.assertEqual(reopened.latest_step(), 2)
+    restored, _ = reopened.restore(_tree(0))
+    np.testing.assert_array_equal(restored["train"].step, 2)
+    self.assertTrue(reopened.save(3, _tree(3)))  # the step the killed run never finished
+    reopened.close()
+    self.assertFalse(os.path.exists(partial))
+    self.assertEqual(checkpoint.Checkpointer(d, save_every=1).all_steps(), [2, 3])
+
+  def test_restore_without_checkpoint_names_directory(self):
+    d = _tmpdir(self)
+    ckpt = checkpoint.Checkpointer(d, save_every=1)
+    self.assertIsNone(ckpt.latest_step())
+    with self.assertRaisesRegex(FileNotFoundError, "no complete checkpoint in"):
+      ckpt.restore(_tree(0))
+    ckpt.close()
+
+  def test_bad_arguments(self):
+    d = _tmpdir(self)
+    with self.assertRaisesRegex(ValueError, "save_every must be >= 1"):
+      checkpoint.Checkpointer(d, save_every=0)
+    with self.assertRaisesRegex(ValueError, "keep must be >= 1"):
+      checkpoint.Checkpointer(d, save_every=1, keep=0)
+
+
+if __name__ == "__main__":
+  absltest.main()

@@ -1,0 +1,181 @@
+"""Calculator tool-use task: the model calls <calc>expr</calc>, reads the result, then answers.
+
+A multi-turn Env in the style of Toolformer / ReTool tool calls (Schick et al. 2023; Feng et
+al. 2025): the task is a multi-step integer expression, the tool is an arithmetic evaluator,
+and the episode ends when the model writes <answer>number</answer> (reward 1.0 if correct) or
+runs out of turns (reward 0.0).
+
+Model text is never `eval`ed. `evaluate` parses with `ast.parse(mode="eval")` and walks the
+tree, accepting ONLY: int/float literals (not bool/complex/str), parentheses, unary + and -,
+and the binary operators + - * / // % **. Every other node (names, calls, attributes,
+subscripts, comparisons, lambdas, comprehensions, bit operators, ...) is an error. Sizes are
+bounded before computing: exponents by MAX_EXPONENT, integer results by MAX_BITS bits (so
+"2**10**10" is rejected without being computed), input length by MAX_CHARS, nesting by
+MAX_DEPTH.
+"""
+import ast
+import math
+import operator
+import random
+import re
+
+from agentrl.envs import base
+from agentrl.rewards import verifiers
+
+MAX_CHARS = 200
+MAX_DEPTH = 32
+MAX_EXPONENT = 128
+MAX_BITS = 256
+
+_BINOPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
+           ast.Div: operator.truediv, ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod,
+           ast.Pow: operator.pow}
+_UNARY = {ast.USub: operator.neg, ast.UAdd: operator.pos}
+ALLOWED_NODES = (ast.Expression, ast.Constant, ast.UnaryOp, ast.BinOp, *_BINOPS, *_UNARY)
+
+SYSTEM_PROMPT = (
+    "You can use a calculator. To call it, write <calc>expression</calc> and stop; the result "
+    "comes back as <result>value</result>. Expressions may use numbers, + - * / // % ** and "
+    "parentheses. When you know the final answer, write <answer>number</answer>.")
+
+_CALC_RE = re.compile(r"<calc>(.*?)</calc>", re.DOTALL)
+_ANSWER_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+
+
+class CalcError(ValueError):
+  """The expression is not allowed or cannot be computed; the message is shown to the model."""
+
+
+def _check_size(value):
+  if isinstance(value, complex):
+    raise CalcError("result is not a real number")
+  if isinstance(value, int) and value.bit_length() > MAX_BITS:
+    raise CalcError(f"result too large (more than {MAX_BITS} bits)")
+  if isinstance(value, float) and not math.isfinite(value):
+    raise CalcError("result is not finite")
+  return value
+
+
+def _binop(op: ast.operator, left, right):
+  if isinstance(op, ast.Pow):
+    if abs(right) > MAX_EXPONENT:
+      raise CalcError(f"exponent {right} too large (limit {MAX_EXPONENT})")
+    if isinstance(left, int) and isinstance(right, int) and right > 0 and abs(left) > 1:
+      if right * math.log2(abs(left)) > MAX_BITS:
+        raise CalcError(f"result too large (more than {MAX_BITS} bits)")
+  if isinstance(op, ast.Mult) and isinstance(left, int) and isinstance(right, int):
+    if left.bit_length() + right.bit_length() > MAX_BITS + 1:
+      raise CalcError(f"result too large (more than {MAX_BITS} bits)")
+  try:
+    return _check_size(_BINOPS[type(op)](left, right))
+  except ZeroDivisionError as e:
+    raise CalcError("division by zero") from e
+  except OverflowError as e:
+    raise CalcError("numeric overflow") from e
+
+
+def _eval(node: ast.AST, depth: int):
+  if depth > MAX_DEPTH:
+    raise CalcError("expression nested too deeply")
+  if isinstance(node, ast.Expression):
+    return _eval(node.body, depth + 1)
+  if isinstance(node, ast.Constant) and type(node.value) in (int, float):
+    return _check_size(node.value)
+  if isinstance(node, ast.UnaryOp) and type(node.op) in _UNARY:
+    return _UNARY[type(node.op)](_eval(node.operand, depth + 1))
+  if isinstance(node, ast.BinOp) and type(node.op) in _BINOPS:
+    return _binop(node.op, _eval(node.left, depth + 1), _eval(node.right, depth + 1))
+  what = type(node.op).__name__ if isinstance(node, (ast.BinOp, ast.UnaryOp)) else (
+      type(node).__name__)
+  hint = " (use ** for powers)" if what == "BitXor" else ""
+  raise CalcError(f"unsupported syntax: {what}{hint}; only numbers, + - * / // % ** and "
+                  "parentheses are allowed")
+
+
+def evaluate(expr: str) -> int | float:
+  """Value of an arithmetic expression; raises CalcError for anything else (see module doc)."""
+  if not isinstance(expr, str):
+    raise CalcError("expression must be text")
+  expr = expr.strip()
+  if not expr:
+    raise CalcError("empty expression")
+  if len(expr) > MAX_CHARS:
+    raise CalcError(f"expression longer than {MAX_CHARS} characters")
+  try:
+    tree = ast.parse(expr, mode="eval")
+  except (SyntaxError, ValueError, RecursionError, MemoryError) as e:
+    raise CalcError(f"cannot parse expression ({type(e).__name__})") from e
+  return _eval(tree, 0)
+
+
+def format_number(value: int | float) -> str:
+  if isinstance(value, float) and value.is_integer() and abs(value) < 1e15:
+    return str(int(value))
+  return str(value) if isinstance(value, int) else format(value, ".12g")
+
+
+def make_problem(seed: int, *, num_ops: int = 3, max_operand: int = 999) -> dict:
+  """{"prompt", "answer", "seed"}: a random integer expression with num_ops operators."""
+  if not 1 <= num_ops <= 8 or max_operand < 2:
+    raise ValueError(f"need 1 <= num_ops <= 8 and max_operand >= 2, got {num_ops}, "
+                     f"{max_operand}.")
+  rng = random.Random(seed)
+  expr = str(rng.randint(2, max_operand))
+  for _ in range(num_ops):
+    op = rng.choice("+-*")
+    operand = str(rng.randint(2, max_operand))
+    # Random parenthesization so that operator precedence matters.
+    expr = f"({expr}) {op} {operand}" if rng.random() < 0.5 else f"{operand} {op} ({expr})"
+  return {"prompt": f"Compute {expr}.", "answer": format_number(evaluate(expr)), "seed": seed}
+
+
+class CalculatorEnv:
+  """Multi-turn tool-use Env: <calc> calls get <result>/<error> observations, <answer> ends it.
+
+  Per-turn rewards: 1.0 on the correct final answer, `format_penalty` (<= 0) on a turn with
+  neither a tool call nor an answer, 0.0 otherwise. info adds "tool_calls" and "tool_errors".
+  """
+
+  system_prompt = SYSTEM_PROMPT
+
+  def __init__(self, *, num_ops: int = 3, max_operand: int = 999, max_turns: int = 4,
+               format_penalty: float = 0.0):
+    if max_turns < 1 or format_penalty > 0:
+      raise ValueError(f"need max_turns >= 1 and format_penalty <= 0, got {max_turns}, "
+                       f"{format_penalty}.")
+    make_problem(0, num_ops=num_ops, max_operand=max_operand)  # validates the arguments
+    self._kwargs = dict(num_ops=num_ops, max_operand=max_operand)
+    self.max_turns = max_turns
+    self.format_penalty = format_penalty
+    self._problem, self._turn, self._calls, self._errors = None, 0, 0, 0
+
+  def reset(self, seed: int) -> str:
+    self._problem = make_problem(seed, **self._kwargs)
+    self._turn, self._calls, self._errors = 0, 0, 0
+    return self._problem["prompt"]
+
+  def _info(self, reward: float, **kwargs) -> base.Info:
+    return base.make_info(reward=reward, tool_calls=self._calls, tool_errors=self._errors,
+                          target=self._problem["answer"], **kwargs)
+
+  def step(self, action: str) -> base.StepResult:
+    if self._problem is None:
+      raise RuntimeError("CalculatorEnv.step() called before reset(seed).")
+    self._turn += 1
+    out_of_turns = self._turn >= self.max_turns
+    answer = _ANSWER_RE.search(action)
+    if answer is not None:
+      reward = verifiers.numeric_match(answer.group(1), self._problem["answer"], mode="raw")
+      return "", reward, True, self._info(reward, success=reward == 1.0)
+    call = _CALC_RE.search(action)
+    if call is None:
+      error = "no tool call or answer; write <calc>expression</calc> or <answer>number</answer>"
+      return (f"<error>{error}</error>", self.format_penalty, out_of_turns,
+              self._info(self.format_penalty, error=error))
+    self._calls += 1
+    try:
+      obs, error = f"<result>{format_number(evaluate(call.group(1)))}</result>", ""
+    except CalcError as e:
+      self._errors += 1
+      obs, error = f"<error>{e}</error>", str(e)
+    return obs, 0.0, out_of_turns, self._info(0.0, error=error)

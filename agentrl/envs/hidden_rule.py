@@ -1,0 +1,227 @@
+"""Hidden-rule text games: the rule must be inferred through interaction.
+
+The setting studied for test-time exploration in LLM agents (TTExplore): the task cannot be
+solved from the first observation; the agent must spend turns on informative queries, read
+per-turn feedback, and then commit. Each `reset(seed)` draws a fresh secret procedurally
+(`random.Random(seed)`), so episodes are reproducible per seed and unbounded in number.
+
+Families (`family=`, or "mixed" to draw one per seed):
+
+  transform   secret f(x) = a*x + b or a*x*x + b; `query X` shows f(X); `answer Y` gives f(T).
+  guess       secret integer in [1, 100]; `guess X` answers "higher"/"lower"/"correct".
+  cipher      secret letter substitution over a-h; `encode ABC` (<= 3 letters) shows the
+              ciphertext; `answer WORD` decodes the given secret word.
+  category    secret number rule (even, prime, multiple of k, greater than T, ...) with two
+              examples; `test X` says whether X follows it (candidates may not be tested);
+              `answer X` picks the single candidate that follows it.
+
+Actions: the command is read from <action>...</action> if present, else from the last
+non-empty line of the model's text. Rewards: 1.0 on solving (episode ends), 0.0 for a wrong
+final answer (episode ends; wrong guesses in `guess` do not end it), `invalid_penalty` (<= 0)
+for a turn whose command cannot be parsed or is not allowed, 0.0 otherwise.
+"""
+from collections.abc import Callable
+import dataclasses
+import random
+import re
+
+from agentrl.envs import base
+from agentrl.rewards import extract
+
+FAMILIES = ("transform", "guess", "cipher", "category")
+SYSTEM_PROMPT = (
+    "You are playing a game with a hidden rule. Explore with the commands described in the "
+    "task, use the feedback to infer the rule, then give your answer. End every reply with "
+    "exactly one command on its own line, e.g. 'query 5' or 'answer 12'.")
+_CIPHER_ALPHABET = "abcdefgh"
+
+
+@dataclasses.dataclass
+class _Game:
+  intro: str
+  verb: str                             # the exploration command
+  explore: Callable[[str], tuple[str, bool]]   # argument -> (feedback, solved); ValueError
+  answer: str                           # gold, as shown after a failed episode
+  ends_on_answer: bool = True           # False for `guess`, whose verb is also the answer
+
+
+def _int_arg(arg: str, lo: int, hi: int) -> int:
+  if not re.fullmatch(r"[-+]?\d{1,6}", arg):
+    raise ValueError(f"expected an integer, got {arg[:40]!r}")
+  x = int(arg)
+  if not lo <= x <= hi:
+    raise ValueError(f"{x} is outside [{lo}, {hi}]")
+  return x
+
+
+def _transform(rng: random.Random) -> _Game:
+  a, b, target = rng.randint(2, 9), rng.randint(-20, 20), rng.randint(20, 99)
+  quadratic = rng.random() < 0.5
+  f = (lambda x: a * x * x + b) if quadratic else (lambda x: a * x + b)
+
+  def explore(arg):
+    x = _int_arg(arg, -100, 100)
+    if x == target:
+      raise ValueError(f"you may not query the target input {target}")
+    return f"f({x}) = {f(x)}", False
+
+  intro = (f"A secret function f maps integers to integers. What is f({target})?\n"
+           "Commands: 'query X' shows f(X) for an integer -100 <= X <= 100 (except "
+           f"{target}); 'answer Y' submits your value of f({target}) (one attempt).")
+  return _Game(intro, "query", explore, str(f(target)))
+
+
+def _guess(rng: random.Random) -> _Game:
+  secret = rng.randint(1, 100)
+
+  def explore(arg):
+    x = _int_arg(arg, 1, 100)
+    if x == secret:
+      return f"{x} is correct!", True
+    return f"{x} is wrong: the secret number is {'higher' if secret > x else 'lower'}.", False
+
+  intro = ("I am thinking of an integer between 1 and 100. Find it.\n"
+           "Command: 'guess X'; I will answer 'higher', 'lower' or 'correct'.")
+  return _Game(intro, "guess", explore, str(secret), ends_on_answer=False)
+
+
+def _cipher(rng: random.Random) -> _Game:
+  shuffled = list(_CIPHER_ALPHABET)
+  rng.shuffle(shuffled)
+  key = dict(zip(_CIPHER_ALPHABET, shuffled))
+  word = "".join(rng.choice(_CIPHER_ALPHABET) for _ in range(4))
+  secret = "".join(key[c] for c in word)
+
+  def explore(arg):
+    text = arg.lower()
+    if not re.fullmatch(f"[{_CIPHER_ALPHABET}]{{1,3}}", text):
+      raise ValueError(f"encode takes 1 to 3 letters from '{_CIPHER_ALPHABET}'")
+    return f"encode({text}) = {''.join(key[c] for c in text)}", False
+
+  intro = (f"A secret substitution cipher maps each letter of '{_CIPHER_ALPHABET}' to a "
+           f"different letter of the same set. Decode the secret word '{secret}'.\n"
+           "Commands: 'encode ABC' encrypts 1 to 3 letters; 'answer WORD' submits the "
+           "decoded word (one attempt).")
+  return _Game(intro, "encode", explore, word)
+
+
+def _is_prime(n: int) -> bool:
+  return n > 1 and all(n % k for k in range(2, int(n**0.5) + 1))
+
+
+def _category(rng: random.Random) -> _Game:
+  threshold = rng.randint(20, 40)
+  rules = {"even": lambda n: n % 2 == 0, "odd": lambda n: n % 2 == 1,
+           "multiple of 3": lambda n: n % 3 == 0, "multiple of 5": lambda n: n % 5 == 0,
+           "prime": _is_prime, f"greater than {threshold}": lambda n: n > threshold,
+           "digit sum is odd": lambda n: sum(map(int, str(n))) % 2 == 1}
+  name = rng.choice(sorted(rules))
+  rule = rules[name]
+  yes = [n for n in range(1, 61) if rule(n)]
+  no = [n for n in range(1, 61) if not rule(n)]
+  pos, ex_yes = rng.sample(yes, 2)
+  negs = rng.sample(no, 4)
+  ex_no, candidates = negs[0], [pos] + negs[1:]
+  rng.shuffle(candidates)
+
+  def explore(arg):
+    x = _int_arg(arg, 1, 60)
+    if x in candidates:
+      raise ValueError("the candidates may not be tested")
+    return f"{x} {'follows' if rule(x) else 'does not follow'} the rule.", False
+
+  intro = (f"A secret rule classifies the integers 1 to 60. Example: {ex_yes} follows the "
+           f"rule; {ex_no} does not. Exactly one of {candidates} follows it. Which one?\n"
+           "Commands: 'test X' tells whether X (1-60, not a candidate) follows the rule; "
+           "'answer X' submits the candidate (one attempt).")
+  return _Game(intro, "test", explore, str(pos))
+
+
+_MAKERS = {"transform": _transform, "guess": _guess, "cipher": _cipher,
+           "category": _category}
+
+
+def parse_command(action: str) -> tuple[str, str] | None:
+  """(verb, argument) from the <action> tag or the last non-empty line; None if absent."""
+  text = extract.tag(action, "action")
+  text = text if text is not None else extract.last_line(action)
+  if not text:
+    return None
+  found = re.fullmatch(r"[`'\"*\s]*([A-Za-z]+)\s*:?\s*(.*?)[`'\".\s*]*", text, flags=re.DOTALL)
+  if found is None:
+    return None
+  return found.group(1).lower(), found.group(2).strip()
+
+
+def _same_answer(given: str, gold: str) -> bool:
+  given = " ".join(given.lower().split())
+  if re.fullmatch(r"[-+]?\d{1,12}", given) and re.fullmatch(r"-?\d+", gold):
+    return int(given) == int(gold)
+  return given == gold.lower()
+
+
+class HiddenRuleEnv:
+  """Multi-turn Env over one family of hidden-rule games (or "mixed")."""
+
+  system_prompt = SYSTEM_PROMPT
+
+  def __init__(self, family: str = "mixed", *, max_turns: int = 8,
+               invalid_penalty: float = 0.0):
+    if family != "mixed" and family not in FAMILIES:
+      raise ValueError(f"family={family!r} must be 'mixed' or one of {FAMILIES}.")
+    if max_turns < 2 or invalid_penalty > 0:
+      raise ValueError(f"need max_turns >= 2 and invalid_penalty <= 0, got {max_turns}, "
+                       f"{invalid_penalty}.")
+    self.family, self.max_turns, self.invalid_penalty = family, max_turns, invalid_penalty
+    self._game, self._turn, self._done = None, 0, False
+
+  def reset(self, seed: int) -> str:
+    rng = random.Random(seed)
+    family = rng.choice(FAMILIES) if self.family == "mixed" else self.family
+    self._game = _MAKERS[family](rng)
+    self._turn, self._done = 0, False
+    return f"{self._game.intro}\nYou have {self.max_turns} turns."
+
+  @property
+  def answer(self) -> str:
+    """The gold answer of the current episode (for evaluation and tests)."""
+    if self._game is None:
+      raise RuntimeError("HiddenRuleEnv.answer needs reset(seed) first.")
+    return self._game.answer
+
+  def _end(self, obs: str, reward: float, *, success: bool, error: str = ""):
+    self._done = True
+    if not success:
+      obs = f"{obs} The answer was {self._game.answer}.".strip()
+    return obs, reward, True, base.make_info(reward=reward, success=success, error=error,
+                                             turns=self._turn)
+
+  def step(self, action: str) -> base.StepResult:
+    if self._game is None or self._done:
+      raise RuntimeError("HiddenRuleEnv.step() needs reset(seed) before each episode.")
+    self._turn += 1
+    game, last = self._game, self._turn >= self.max_turns
+    command = parse_command(action)
+    verbs = {game.verb} | ({"answer"} if game.ends_on_answer else set())
+    if command is None or command[0] not in verbs:
+      return self._reject(f"unknown command; use one of: {', '.join(sorted(verbs))}", last)
+    verb, arg = command
+    if verb == "answer":
+      correct = _same_answer(arg, game.answer)
+      return self._end("Correct!" if correct else "Wrong.", float(correct), success=correct)
+    try:
+      feedback, solved = game.explore(arg)
+    except ValueError as e:
+      return self._reject(str(e), last)
+    if solved:
+      return self._end(feedback, 1.0, success=True)
+    if last:
+      return self._end(f"{feedback} Out of turns.", 0.0, success=False)
+    return feedback, 0.0, False, base.make_info(reward=0.0, turns=self._turn)
+
+  def _reject(self, error: str, last: bool) -> base.StepResult:
+    if last:
+      return self._end(f"Error: {error}. Out of turns.", self.invalid_penalty, success=False,
+                       error=error)
+    return f"Error: {error}.", self.invalid_penalty, False, base.make_info(
+        reward=self.invalid_penalty, error=error, turns=self._turn)

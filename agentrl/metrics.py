@@ -1,0 +1,214 @@
+"""Per-step metrics: JSONL, TensorBoard event files, optional Weights & Biases, console lines.
+
+One flat dict of scalars per step goes to every sink through `Writer.write(step, scalars)`.
+The JSONL file (`<workdir>/metrics.jsonl`, one `{"step": s, ...}` object per line) is the
+record that tests and plots read; TensorBoard files come from tensorboardX (no TensorFlow);
+Weights & Biases is imported only when a project is configured.
+
+Resuming: `Writer(workdir, ..., resume_step=s)` drops JSONL records after step s (they belong
+to the killed run's unsaved steps, which the resumed run recomputes) and starts TensorBoard
+with `purge_step=s + 1`, so the files read exactly as if the run had never stopped.
+
+Well-known keys, shown on the console line when present: reward, success, kl, entropy,
+clip_frac, tokens_per_s, time/rollout, time/score, time/update.
+"""
+from collections.abc import Iterator, Mapping, Sequence
+import contextlib
+import json
+import math
+import os
+import sys
+import time
+from typing import Any
+
+import numpy as np
+
+JSONL = "metrics.jsonl"
+
+# (key, console label, format) for the progress line, in display order.
+_CONSOLE = (
+    ("reward", "reward", "{:.3f}"),
+    ("success", "success", "{:.1%}"),
+    ("kl", "kl", "{:.2e}"),
+    ("entropy", "ent", "{:.3f}"),
+    ("clip_frac", "clip", "{:.3f}"),
+    ("tokens_per_s", "tok/s", "{:,.0f}"),
+)
+_TIMES = ("time/rollout", "time/score", "time/update")
+
+
+def to_python(value: Any) -> float | int | None:
+  """A JSON-able Python scalar; non-finite floats become None (JSON has no NaN)."""
+  value = np.asarray(value)
+  if value.size != 1:
+    raise ValueError(f"metric values must be scalars, got shape {value.shape}")
+  value = value.reshape(()).item()
+  if isinstance(value, bool):
+    return int(value)
+  if isinstance(value, float) and not math.isfinite(value):
+    return None
+  return value
+
+
+def read_jsonl(path: str) -> list[dict[str, Any]]:
+  """All records of a metrics JSONL file (a torn last line from a killed run is skipped)."""
+  records = []
+  with open(path) as f:
+    for line in f:
+      try:
+        records.append(json.loads(line))
+      except json.JSONDecodeError:
+        continue  # only a killed writer's unterminated final line can fail to parse
+  return records
+
+
+def _truncate_jsonl(path: str, last_step: int) -> None:
+  if not os.path.exists(path):
+    return
+  kept = [r for r in read_jsonl(path) if r.get("step", -1) <= last_step]
+  tmp = path + ".tmp"
+  with open(tmp, "w") as f:
+    f.writelines(json.dumps(r) + "\n" for r in kept)
+  os.replace(tmp, path)  # atomic: a kill here leaves either the old or the new file
+
+
+def progress_line(step: int, total_steps: int, scalars: Mapping[str, Any]) -> str:
+  """'step 3/150 | reward 0.420 | success 40.0% | ... | rollout 0.51s score 0.10s ...'."""
+  parts = [f"step {step}/{total_steps}"]
+  for key, label, fmt in _CONSOLE:
+    value = scalars.get(key)
+    if value is not None:
+      parts.append(f"{label} {fmt.format(value)}")
+  times = [f"{k.split('/')[1]} {scalars[k]:.2f}s" for k in _TIMES if scalars.get(k) is not None]
+  if times:
+    parts.append(" ".join(times))
+  if scalars.get("skipped"):
+    parts.append("SKIPPED (non-finite loss)")
+  return " | ".join(parts)
+
+
+def format_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+  """A plain aligned text table (floats to 4 significant digits)."""
+  cells = [[f"{v:.4g}" if isinstance(v, float) else str(v) for v in row] for row in rows]
+  widths = [max(len(str(h)), *(len(r[i]) for r in cells)) for i, h in enumerate(header)]
+  line = lambda r: "  ".join(str(v).ljust(w) for v, w in zip(r, widths)).rstrip()
+  rule = "  ".join("-" * w for w in widths)
+  return "\n".join([line(header), rule, *(line(r) for r in cells)])
+
+
+def summary_table(records: Sequence[Mapping[str, Any]], keys: Sequence[str] | None = None) -> str:
+  """first / last / min / max / mean of each key over a run's records."""
+  if keys is None:
+    keys = sorted({k for r in records for k in r if k != "step"})
+  rows = []
+  for key in keys:
+    values = [r[key] for r in records if isinstance(r.get(key), (int, float))]
+    if values:
+      rows.append([key, float(values[0]), float(values[-1]), float(min(values)),
+                   float(max(values)), float(np.mean(values))])
+  return format_table(["metric", "first", "last", "min", "max", "mean"], rows)
+
+
+@contextlib.contextmanager
+def timed(times: dict[str, float], name: str) -> Iterator[None]:
+  """Adds the wall time of the block to times[f"time/{name}"] (seconds)."""
+  start = time.perf_counter()
+  try:
+    yield
+  finally:
+    key = f"time/{name}"
+    times[key] = times.get(key, 0.0) + time.perf_counter() - start
+
+
+class Writer:
+  """Writes one dict of scalars per step to JSONL, TensorBoard, W&B and the console."""
+
+  def __init__(self, workdir: str, *, total_steps: int, tensorboard: bool = True,
+               wandb: Mapping[str, Any] | None = None, console: bool = True,
+               resume_step: int | None = None, stream=None):
+    """Opens the sinks.
+
+    Args:
+      workdir: output directory (created if missing).
+      total_steps: shown as the denominator of the progress line.
+      tensorboard: write TensorBoard event files under `<workdir>/tb`.
+      wandb: keyword arguments for `wandb.init` (e.g. project, name, config); None disables it.
+      console: print a progress line per step.
+      resume_step: the step restored from a checkpoint; later records are dropped.
+      stream: where console lines go (default sys.stdout).
+    """
+    os.makedirs(workdir, exist_ok=True)
+    self.workdir, self.total_steps, self.console = workdir, total_steps, console
+    self.path = os.path.join(workdir, JSONL)
+    self._stream = stream or sys.stdout
+    if resume_step is None:
+      open(self.path, "w").close()
+    else:
+      _truncate_jsonl(self.path, resume_step)
+    self._file = open(self.path, "a")
+    self._tb = None
+    if tensorboard:
+      import tensorboardX  # pylint: disable=g-import-not-at-top
+      purge = None if resume_step is None else resume_step + 1
+      self._tb = tensorboardX.SummaryWriter(os.path.join(workdir, "tb"), purge_step=purge)
+    self._wandb = None
+    if wandb:
+      import wandb as wandb_lib  # pylint: disable=g-import-not-at-top
+      self._wandb = wandb_lib.init(dir=workdir, **dict(wandb))
+
+  def write(self, step: int, scalars: Mapping[str, Any]) -> dict[str, Any]:
+    """Logs `scalars` for `step` everywhere; returns the JSON record written."""
+    record = {"step": int(step), **{k: to_python(v) for k, v in scalars.items()}}
+    self._file.write(json.dumps(record) + "\n")
+    self._file.flush()  # a killed run keeps every completed step's line
+    numeric = {k: v for k, v in record.items() if k != "step" and v is not None}
+    if self._tb is not None:
+      for key, value in numeric.items():
+        self._tb.add_scalar(key, value, global_step=step)
+    if self._wandb is not None:
+      self._wandb.log(numeric, step=step)
+    if self.console:
+      print(progress_line(step, self.total_steps, record), file=self._stream, flush=True)
+    return record
+
+  def records(self) -> list[dict[str, Any]]:
+    return read_jsonl(self.path)
+
+  def close(self) -> None:
+    self._file.close()
+    if self._tb is not None:
+      self._tb.close()
+    if self._wandb is not None:
+      self._wandb.finish()
+
+
+def plot_curves(records: Sequence[Mapping[str, Any]], path: str,
+                keys: Sequence[str] | None = None, *, title: str = "") -> list[str]:
+  """Writes a PNG grid of learning curves (one panel per key) and returns the keys drawn."""
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  if keys is None:
+    keys = [k for k, _, _ in _CONSOLE] + ["loss", "grad_norm", "eval/success"]
+  keys = [k for k in keys if any(isinstance(r.get(k), (int, float)) for r in records)]
+  if not keys:
+    raise ValueError(f"none of the requested metrics occur in the records; available: "
+                     f"{sorted({k for r in records for k in r} - {'step'})}")
+  cols = min(3, len(keys))
+  rows = -(-len(keys) // cols)
+  fig, axes = plt.subplots(rows, cols, figsize=(4 * cols, 3 * rows), squeeze=False)
+  for ax, key in zip(axes.flat, keys):
+    points = [(r["step"], r[key]) for r in records if isinstance(r.get(key), (int, float))]
+    ax.plot(*zip(*points), marker="." if len(points) < 30 else None)
+    ax.set_title(key)
+    ax.set_xlabel("step")
+    ax.grid(alpha=0.3)
+  for ax in list(axes.flat)[len(keys):]:
+    ax.axis("off")
+  if title:
+    fig.suptitle(title)
+  fig.tight_layout()
+  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+  fig.savefig(path, dpi=100)
+  plt.close(fig)
+  return list(keys)
