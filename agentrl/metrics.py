@@ -10,7 +10,7 @@ to the killed run's unsaved steps, which the resumed run recomputes) and starts 
 with `purge_step=s + 1`, so the files read exactly as if the run had never stopped.
 
 Well-known keys, shown on the console line when present: reward, success, kl, entropy,
-clip_frac, tokens_per_s, time/rollout, time/score, time/update.
+clipfrac, tokens_per_s, time/rollout, time/score, time/update.
 """
 from collections.abc import Iterator, Mapping, Sequence
 import contextlib
@@ -31,7 +31,7 @@ _CONSOLE = (
     ("success", "success", "{:.1%}"),
     ("kl", "kl", "{:.2e}"),
     ("entropy", "ent", "{:.3f}"),
-    ("clip_frac", "clip", "{:.3f}"),
+    ("clipfrac", "clip", "{:.3f}"),
     ("tokens_per_s", "tok/s", "{:,.0f}"),
 )
 _TIMES = ("time/rollout", "time/score", "time/update")

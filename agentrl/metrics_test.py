@@ -85,7 +85,7 @@ class FormattingTest(absltest.TestCase):
 
   def test_progress_line_full(self):
     line = metrics.progress_line(3, 10, {
-        "reward": 0.42, "success": 0.4, "kl": 1e-3, "entropy": 1.234, "clip_frac": 0.05,
+        "reward": 0.42, "success": 0.4, "kl": 1e-3, "entropy": 1.234, "clipfrac": 0.05,
         "tokens_per_s": 12345.6, "time/rollout": 0.5, "time/score": 0.1, "time/update": 0.25,
         "skipped": 1})
     self.assertEqual(

@@ -105,10 +105,10 @@ class RatioPropertiesTest(parameterized.TestCase):
       self.assertTrue(np.all(g[np.asarray(mask) == 1] != 0.0), msg=name)
 
   def test_token_clamp_has_zero_gradient(self):
-    logp = jnp.array([[30.0, 0.5]])
-    g = jax.grad(lambda lp: ratios.token_log_ratio(lp, jnp.zeros((1, 2)), jnp.ones((1, 2))).sum())(
+    logp = jnp.array([[30.0, 0.5, -25.0, 0.0]])
+    g = jax.grad(lambda lp: ratios.token_log_ratio(lp, jnp.zeros((1, 4)), jnp.ones((1, 4))).sum())(
         logp)
-    np.testing.assert_array_equal(g, [[0.0, 1.0]])
+    np.testing.assert_array_equal(g, [[0.0, 1.0, 0.0, 1.0]])
 
   def test_rollout_weight_is_detached_and_validates(self):
     logp, old, mask = _random_batch()
@@ -161,11 +161,10 @@ class CumulativeRatioTest(absltest.TestCase):
       np.testing.assert_array_equal(got_n[0, keep], [1., 2., 3., 4.])
 
   def test_max_log_ratio_clamp_zeroes_gradient(self):
-    logp, old, mask = jnp.array([[12.0, 0.0]]), jnp.zeros((1, 2)), jnp.ones((1, 2))
-    g = jax.grad(lambda lp: ratios.cumulative_log_ratio(lp, old, mask)[0].sum())(logp)
-    np.testing.assert_array_equal(g, [[0.0, 0.0]])  # both tokens' log-ratio is 12 > 10
-    g = jax.grad(lambda lp: ratios.cumulative_log_ratio(lp, old, mask)[0].sum())(logp * 0.5)
-    np.testing.assert_array_equal(g, [[1.0, 1.0]])
+    logp, old, mask = jnp.array([[12.0, 0.0, -3.0, 0.5]]), jnp.zeros((1, 4)), jnp.ones((1, 4))
+    grad = jax.grad(lambda lp: ratios.cumulative_log_ratio(lp, old, mask)[0].sum())
+    # Prefix sums 12, 12, 9, 9.5: only the first two exceed the clamp at 10.
+    np.testing.assert_array_equal(grad(logp), [[0.0, 0.0, 1.0, 1.0]])
 
 
 class HolderRatioTest(parameterized.TestCase):
@@ -174,9 +173,9 @@ class HolderRatioTest(parameterized.TestCase):
   def setUp(self):
     super().setUp()
     rng = np.random.default_rng(3)
-    self.ell = rng.normal(0.0, 0.3, (1, 7))
+    self.ell = rng.normal(0.0, 0.3, (1, 6))
     self.r = np.exp(self.ell[0])
-    self.mask = jnp.ones((1, 7))
+    self.mask = jnp.ones((1, 6))
 
   def _mean(self, p):
     return float(jnp.exp(ratios.holder_log_ratio(jnp.asarray(self.ell, jnp.float32), self.mask,
@@ -209,8 +208,8 @@ class HolderRatioTest(parameterized.TestCase):
   def test_on_policy_gradient_is_one_over_length(self):
     for p in (-2.0, 0.5, 1.0, 3.0):
       g = jax.grad(lambda x: jnp.exp(ratios.holder_log_ratio(x, self.mask, p=p))[0])(
-          jnp.zeros((1, 7)))
-      np.testing.assert_allclose(g, np.full((1, 7), 1 / 7), rtol=1e-6)
+          jnp.zeros((1, 6)))
+      np.testing.assert_allclose(g, np.full((1, 6), 1 / 6), rtol=1e-6)
 
   def test_traced_p_and_empty_rows_are_nan_free(self):
     logp, old, mask = _random_batch()
@@ -223,7 +222,7 @@ class HolderRatioTest(parameterized.TestCase):
     self.assertEqual(float(out[1]), 0.0)
 
   def test_masked_entries_never_win(self):
-    ell, mask = jnp.asarray(self.ell, jnp.float32), jnp.ones((1, 7))
+    ell, mask = jnp.asarray(self.ell[:, :4], jnp.float32), jnp.ones((1, 4))
     padded = jnp.concatenate([ell, jnp.array([[-30.0, 30.0]])], axis=1)
     padded_mask = jnp.concatenate([mask, jnp.zeros((1, 2))], axis=1)
     for p in (-5.0, 0.0, 5.0):

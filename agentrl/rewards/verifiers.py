@@ -12,13 +12,17 @@ bad completions never raise. The answer is reduced first by `agentrl.rewards.ext
 math-verify (Kydlicek et al., HF 2025) uses `signal.alarm` for its timeouts, which raises
 ValueError outside the main thread (offline_resources.md §4). `math_equal` therefore calls it
 directly only in the main thread; from any other thread it hands the pair to a persistent
-spawned worker process (whose main thread runs the same signal-based timeouts) and kills and
+worker subprocess (whose main thread runs the same signal-based timeouts) and kills and
 restarts that worker if it does not answer in time.
 """
 import fractions
+import json
 import math
-import multiprocessing
+import os
 import re
+import select
+import subprocess
+import sys
 import threading
 
 from agentrl.rewards import extract as extract_lib
@@ -113,59 +117,71 @@ def _verify(gold: str, pred: str, timeout_s: int | None) -> bool:
   return bool(math_verify.verify(gold_parsed, pred_parsed, timeout_seconds=timeout_s))
 
 
-def _worker_main(conn) -> None:
-  """Loop of the spawned verifier process: (gold, pred, timeout) -> bool | error string."""
+def serve() -> None:
+  """Verifier worker loop over stdin/stdout JSON lines: {gold, pred, timeout} -> {result}."""
   import logging  # pylint: disable=g-import-not-at-top
   logging.getLogger("math_verify").setLevel(logging.ERROR)
-  while True:
+  for line in sys.stdin:
+    request = json.loads(line)
     try:
-      gold, pred, timeout_s = conn.recv()
-    except EOFError:
-      return
-    try:
-      conn.send(_verify(gold, pred, timeout_s))
+      reply = {"result": _verify(request["gold"], request["pred"], request["timeout"])}
     except Exception as e:  # pylint: disable=broad-except
-      conn.send(f"{type(e).__name__}: {e}")
+      reply = {"error": f"{type(e).__name__}: {e}"}
+    sys.stdout.write(json.dumps(reply) + "\n")
+    sys.stdout.flush()
 
 
 class _Worker:
-  """One persistent spawned process; killed and restarted when it misses a deadline."""
+  """One persistent verifier subprocess; killed and restarted when it misses a deadline.
 
-  def __init__(self):
+  A plain `python -c` subprocess rather than multiprocessing: spawn/forkserver children
+  re-import the caller's __main__ module, which re-runs unguarded scripts.
+  """
+
+  def __init__(self, command=None):
+    self._command = command or [sys.executable, "-c",
+                                "from agentrl.rewards.verifiers import serve; serve()"]
     self._lock = threading.Lock()
     self._proc = None
-    self._conn = None
     self.restarts = 0
 
   def _start(self):
-    ctx = multiprocessing.get_context("spawn")  # fork from a threaded parent is unsafe
-    self._conn, child = ctx.Pipe()
-    self._proc = ctx.Process(target=_worker_main, args=(child,), daemon=True)
-    self._proc.start()
-    child.close()
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        p for p in (root, os.environ.get("PYTHONPATH")) if p))
+    self._proc = subprocess.Popen(
+        self._command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL, env=env, text=True, bufsize=1)
 
   def _kill(self):
     if self._proc is not None:
       self._proc.kill()
-      self._proc.join()
-      self._conn.close()
-    self._proc = self._conn = None
+      self._proc.wait()
+    self._proc = None
     self.restarts += 1
 
   def __call__(self, gold: str, pred: str, timeout_s: int, startup_s: float):
     with self._lock:
-      fresh = self._proc is None or not self._proc.is_alive()
+      fresh = self._proc is None or self._proc.poll() is not None
       if fresh:
         self._start()
-      self._conn.send((gold, pred, timeout_s))
-      # The first call also waits for the child to import sympy/math-verify.
-      if self._conn.poll(timeout_s + (startup_s if fresh else 1.0)):
-        try:
-          return self._conn.recv()
-        except EOFError:
-          pass
-      self._kill()
-      return None
+      try:
+        self._proc.stdin.write(json.dumps({"gold": gold, "pred": pred, "timeout": timeout_s})
+                               + "\n")
+        self._proc.stdin.flush()
+        # The first call also waits for the child to import sympy and math-verify.
+        ready, _, _ = select.select([self._proc.stdout], [], [],
+                                    timeout_s + (startup_s if fresh else 1.0))
+        line = self._proc.stdout.readline() if ready else ""
+      except OSError:
+        line = ""
+      if not line:
+        self._kill()
+        return None
+      try:
+        return json.loads(line).get("result")
+      except (ValueError, AttributeError):
+        return None
 
 
 _WORKER = _Worker()

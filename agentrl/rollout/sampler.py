@@ -8,12 +8,13 @@
 
 Design (kernels.md §6; after tunix's vanilla sampler): prompts are left-padded so that every
 row's last prompt token sits in the same column; one prefill writes them into a static-shape
-KV cache at slots [0, P), then a `lax.while_loop` feeds one token per step at slot P + s - 1
-and exits as soon as every row has stopped. Prefill and decode live in one jitted program;
-the cache is created inside it and threaded through the loop carry, so XLA updates it in
-place and no cache buffer ever crosses the host boundary. Params are an argument of the
-program (graphdef + nnx.State), never constants baked into the HLO, so new weights after an
-update reuse the compiled program.
+KV cache at slots [0, P - 1), then a `lax.while_loop` feeds one token per step (the last
+prompt token first) at slot P - 1 + s and exits as soon as every row has stopped. Prefill and
+decode live in one jitted program; the cache is created inside it and threaded through the
+loop carry, so XLA updates it in place and no cache buffer ever crosses the host boundary
+(tunix splits prefill and decode into two programs and therefore has to donate the cache
+between them). Params are an argument of the program (graphdef + nnx.State), never constants
+baked into the HLO, so new weights after an update reuse the compiled program.
 
 Shapes are bucketed to powers of two (batch, prompt length, new tokens, stop-set size) so a
 run compiles a handful of programs. Per-row prompt lengths, per-row token budgets, per-row
@@ -100,7 +101,7 @@ def _sample(logits_BV, keys_B, greedy_B, temperature, top_p, *, top_k, use_top_p
 def _generate(graphdef, params, prompt_BP, prompt_len_B, max_new_B, stop_BK, greedy_B,
               temperature, top_p, rng, *, num_new, top_k, use_top_p, logp_mode, pad_id,
               cache_dtype, on_trace):
-  """The jitted program: prefill, then decode until every row stops or num_new steps."""
+  """The jitted program: prefill, then decode until every row stops or after num_new steps."""
   on_trace()
   model = nnx.merge(graphdef, params)
   B, P = prompt_BP.shape
@@ -115,32 +116,28 @@ def _generate(graphdef, params, prompt_BP, prompt_len_B, max_new_B, stop_BK, gre
     return jnp.any(tok_B[:, None] == stop_BK, axis=-1)
 
   # Left padding: row i's real tokens occupy columns [P - len_i, P), rotary positions from 0.
+  # The prefill writes columns [0, P - 1) and discards its logits (XLA drops the unused
+  # [B, P, V] projection); the loop's first step feeds column P - 1, whose logits give
+  # response token 0, so prefill never materializes logits for the whole prompt.
   pad_B = P - prompt_len_B
   col_P = jnp.arange(P, dtype=jnp.int32)
   mask_BP = col_P[None, :] >= pad_B[:, None]
   pos_BP = jnp.maximum(col_P[None, :] - pad_B[:, None], 0)
   cache = transformer.init_cache(model.cfg, B, P + num_new, dtype=cache_dtype)
-  logits_BPV, cache = model.decode(prompt_BP, pos_BP, mask_BP, cache, jnp.int32(0))
-  tok_B, logp_B = sample(logits_BPV[:, -1], step_keys(0))
-
-  active_B = max_new_B > 0
-  tokens_BN = jnp.full((B, num_new), pad_id, jnp.int32)
-  tokens_BN = tokens_BN.at[:, 0].set(jnp.where(active_B, tok_B, pad_id))
-  logp_BN = jnp.zeros((B, num_new), jnp.float32).at[:, 0].set(jnp.where(active_B, logp_B, 0.))
-  lengths_B = active_B.astype(jnp.int32)
-  stopped_B = active_B & is_stop(tok_B)
-  done_B = ~active_B | stopped_B | (lengths_B >= max_new_B)
+  if P > 1:
+    _, cache = model.decode(prompt_BP[:, :-1], pos_BP[:, :-1], mask_BP[:, :-1], cache,
+                            jnp.int32(0))
 
   def cond(carry):
     s, _, _, _, _, _, _, done_B = carry
     return (s < num_new) & ~jnp.all(done_B)
 
   def body(carry):
-    s, cache, tok_B, tokens_BN, logp_BN, lengths_B, stopped_B, done_B = carry
-    # Feed token s-1 (response index) at cache slot P + s - 1; its logits predict token s.
-    pos_B1 = (prompt_len_B + s - 1)[:, None]
-    logits_B1V, cache = model.decode(tok_B[:, None], pos_B1, jnp.ones((B, 1), bool), cache,
-                                     P + s - 1)
+    s, cache, feed_B, tokens_BN, logp_BN, lengths_B, stopped_B, done_B = carry
+    # Step s feeds the last prompt token (s = 0) or response token s - 1 at cache slot
+    # P - 1 + s; its logits predict response token s.
+    logits_B1V, cache = model.decode(feed_B[:, None], (prompt_len_B - 1 + s)[:, None],
+                                     jnp.ones((B, 1), bool), cache, P - 1 + s)
     new_B, new_logp_B = sample(logits_B1V[:, 0], step_keys(s))
     live_B = ~done_B
     tokens_BN = jax.lax.dynamic_update_slice(
@@ -152,7 +149,9 @@ def _generate(graphdef, params, prompt_BP, prompt_len_B, max_new_B, stop_BK, gre
     done_B = done_B | stopped_B | (lengths_B >= max_new_B)
     return s + 1, cache, new_B, tokens_BN, logp_BN, lengths_B, stopped_B, done_B
 
-  carry = (jnp.int32(1), cache, tok_B, tokens_BN, logp_BN, lengths_B, stopped_B, done_B)
+  carry = (jnp.int32(0), cache, prompt_BP[:, -1], jnp.full((B, num_new), pad_id, jnp.int32),
+           jnp.zeros((B, num_new), jnp.float32), jnp.zeros((B,), jnp.int32),
+           jnp.zeros((B,), bool), max_new_B <= 0)
   steps, _, _, tokens_BN, logp_BN, lengths_B, stopped_B, _ = jax.lax.while_loop(
       cond, body, carry)
   return tokens_BN, logp_BN, lengths_B, stopped_B, steps

@@ -51,7 +51,7 @@ def tile_stats(z, col, y, valid, with_entropy: bool):
   e = jnp.exp(z - m)
   l = jnp.sum(e, axis=1, keepdims=True)
   # Target by iota comparison: gathers and one_hot do not lower inside Pallas (kernels.md §2.1).
-  t = jnp.sum(jnp.where(col == y, z, 0.0), axis=1, keepdims=True)
+  t = jnp.sum(jnp.where(jnp.logical_and(valid, col == y), z, 0.0), axis=1, keepdims=True)
   a = jnp.sum(e * z, axis=1, keepdims=True) if with_entropy else jnp.zeros_like(l)
   return m, l, t, a
 

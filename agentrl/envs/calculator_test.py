@@ -1,0 +1,128 @@
+"""Tests for agentrl.envs.calculator: the AST-restricted evaluator and the tool-use env."""
+import ast
+import time
+
+from absl.testing import absltest
+from absl.testing import parameterized
+
+from agentrl.envs import calculator
+
+# One example per non-arithmetic node type. The test below checks that this covers every
+# ast.expr / ast.operator / ast.unaryop subclass of the running Python except the allowed ones.
+FORBIDDEN = {
+    "BoolOp": "1 and 2", "NamedExpr": "(x := 1)", "Lambda": "lambda: 1",
+    "IfExp": "1 if 2 else 3", "Dict": "{1: 2}", "Set": "{1}", "ListComp": "[i for i in (1,)]",
+    "SetComp": "{i for i in (1,)}", "DictComp": "{i: i for i in (1,)}",
+    "GeneratorExp": "(i for i in (1,))", "Await": "await x", "Yield": "(yield 1)",
+    "YieldFrom": "(yield from x)", "Compare": "1 < 2", "Call": "abs(-1)",
+    "FormattedValue": 'f"{1}"', "JoinedStr": 'f"a"', "Attribute": "(1).real",
+    "Subscript": "(1,)[0]", "Starred": "(*x,)", "Name": "x", "List": "[1]", "Tuple": "(1, 2)",
+    "Slice": "x[1:2]", "TemplateStr": 't"a"', "Interpolation": 't"{1}"',
+    "BitAnd": "1 & 2", "BitOr": "1 | 2", "BitXor": "1 ^ 2", "LShift": "1 << 2",
+    "RShift": "1 >> 2", "MatMult": "1 @ 2", "Invert": "~1", "Not": "not 1",
+}
+FORBIDDEN_CONSTANTS = ["True", "None", "'s'", "b'b'", "1j", "..."]
+MALICIOUS = ["__import__('os')", "__import__('os').system('echo pwned')",
+             "().__class__.__bases__[0].__subclasses__()", "open('/etc/passwd').read()",
+             "eval('1+1')", "exec('x=1')", "globals()"]
+
+
+class EvaluateTest(parameterized.TestCase):
+
+  @parameterized.parameters(
+      ("12*(3+4)", 84), ("-3**2", -9), ("7/2", 3.5), ("7//2", 3), ("-7 % 3", 2),
+      ("2**-1", 0.5), ("+5", 5), ("1_000 + 0.5", 1000.5), ("(((2)))", 2), ("2**0.5", 2**0.5))
+  def test_arithmetic(self, expr, want):
+    self.assertEqual(calculator.evaluate(expr), want)
+
+  def test_examples_cover_every_disallowed_node_type(self):
+    node_types = set()
+    for base in (ast.expr, ast.operator, ast.unaryop):
+      node_types |= {cls.__name__ for cls in base.__subclasses__()}
+    allowed = {cls.__name__ for cls in calculator.ALLOWED_NODES}
+    self.assertEqual(allowed & node_types, {"BinOp", "UnaryOp", "Constant", "Add", "Sub",
+                                            "Mult", "Div", "FloorDiv", "Mod", "Pow", "USub",
+                                            "UAdd"})
+    self.assertEmpty(node_types - allowed - set(FORBIDDEN))
+
+  @parameterized.parameters(*sorted(FORBIDDEN.items()))
+  def test_rejects_node(self, name, expr):
+    del name
+    with self.assertRaises(calculator.CalcError):
+      calculator.evaluate(expr)
+
+  @parameterized.parameters(*(FORBIDDEN_CONSTANTS + MALICIOUS))
+  def test_rejects_non_numbers_and_code(self, expr):
+    with self.assertRaises(calculator.CalcError):
+      calculator.evaluate(expr)
+
+  @parameterized.parameters(
+      ("2**10**10", "exponent"), ("9**999", "exponent"), ("10**100*10**100", "too large"),
+      ("1e308*10", "finite"), ("(-8)**(1/3)", "real"), ("1/0", "division by zero"),
+      ("5 % 0", "division by zero"), ("1" * 201, "longer"), ("-" * 60 + "1", "nested"),
+      ("", "empty"), ("1 +", "parse"), ("9" * 100, "too large"), ("2**200*2**200", "too large"))
+  def test_bounds(self, expr, message):
+    start = time.monotonic()
+    with self.assertRaisesRegex(calculator.CalcError, message):
+      calculator.evaluate(expr)
+    self.assertLess(time.monotonic() - start, 1.0)
+
+  def test_format_number(self):
+    self.assertEqual(calculator.format_number(4.0), "4")
+    self.assertEqual(calculator.format_number(3.5), "3.5")
+    self.assertEqual(calculator.format_number(10**20), str(10**20))
+
+
+class CalculatorEnvTest(absltest.TestCase):
+
+  def test_tool_call_then_gold_answer(self):
+    env = calculator.CalculatorEnv()
+    prompt = env.reset(3)
+    expr = prompt.removeprefix("Compute ").removesuffix(".")
+    obs, reward, done, info = env.step(f"Let me compute. <calc>{expr}</calc>")
+    answer = calculator.make_problem(3)["answer"]
+    self.assertEqual((obs, reward, done), (f"<result>{answer}</result>", 0.0, False))
+    self.assertEqual((info["tool_calls"], info["error"]), (1, ""))
+    _, reward, done, info = env.step(f"<answer>{answer}</answer>")
+    self.assertEqual((reward, done, info["success"]), (1.0, True, True))
+
+  def test_wrong_answer(self):
+    env = calculator.CalculatorEnv()
+    env.reset(3)
+    _, reward, done, info = env.step("<answer>0.5</answer>")
+    self.assertEqual((reward, done, info["success"]), (0.0, True, False))
+
+  def test_malicious_call_is_an_error_observation(self):
+    env = calculator.CalculatorEnv()
+    env.reset(0)
+    obs, reward, done, info = env.step("<calc>__import__('os').system('echo pwned')</calc>")
+    self.assertTrue(obs.startswith("<error>unsupported syntax"))
+    self.assertEqual((reward, done, info["tool_errors"]), (0.0, False, 1))
+    self.assertIn("unsupported", info["error"])
+
+  def test_missing_tags_get_format_penalty_and_turns_run_out(self):
+    env = calculator.CalculatorEnv(max_turns=2, format_penalty=-0.1)
+    env.reset(0)
+    obs, reward, done, info = env.step("I am not sure.")
+    self.assertEqual((reward, done), (-0.1, False))
+    self.assertIn("<calc>", info["error"])
+    self.assertTrue(obs.startswith("<error>"))
+    _, _, done, _ = env.step("<calc>1+1</calc>")
+    self.assertTrue(done)
+
+  def test_problems_are_deterministic_and_correct(self):
+    self.assertEqual(calculator.make_problem(5), calculator.make_problem(5))
+    self.assertNotEqual(calculator.make_problem(5), calculator.make_problem(6))
+    p = calculator.make_problem(5)
+    expr = p["prompt"].removeprefix("Compute ").removesuffix(".")
+    self.assertEqual(calculator.format_number(calculator.evaluate(expr)), p["answer"])
+
+  def test_bad_arguments(self):
+    with self.assertRaisesRegex(ValueError, "format_penalty"):
+      calculator.CalculatorEnv(format_penalty=0.5)
+    with self.assertRaisesRegex(ValueError, "num_ops"):
+      calculator.CalculatorEnv(num_ops=0)
+
+
+if __name__ == "__main__":
+  absltest.main()

@@ -1,0 +1,120 @@
+"""reasoning-gym adapter: any of its ~100 procedural generators as a one-step Env.
+
+reasoning-gym (Stojanovski et al. 2025) generates an entry {"question", "answer", "metadata"}
+per index and scores an answer string with the generator's own `score_answer(answer, entry)`
+in [0, 1]. Here `reset(seed)` returns the question of entry `seed`, and `step(completion)`
+extracts the answer from the completion and returns that score.
+
+Answer extraction (`answer_mode`, agentrl.rewards.extract): by default the content of the
+last <answer>...</answer> (reasoning-gym's own convention and the format its default system
+prompt asks for), falling back to the last non-empty line. A completion with neither scores
+0.0 with info["error"] set.
+
+Seeds: entry `seed` comes from a dataset block created with reasoning-gym seed
+`seed_offset + 1024 * (seed // 1024)`; generators that derive item i from Random(seed + i)
+(most of them) therefore give the same question and answer as reasoning-gym's own dataset at
+index `seed` (metadata["source_index"] is block-local; entries carry the agentrl seed under
+"seed", and are scored by the dataset block that generated them).
+Some generators (boxnet, graph_color, propositional_logic, rubiks_cube, rush_hour) accept
+several answers and do not score their own "answer" field as 1.0 (offline_resources.md §4).
+
+Requires the `envs` extra (pip install -e '.[envs]'); it is imported only when an env or task
+is constructed.
+"""
+import collections
+import math
+
+from agentrl.envs import base
+from agentrl.rewards import extract
+
+_BLOCK = 1024
+_CACHED_BLOCKS = 4
+INSTALL_HINT = "pip install -e '.[envs]'"
+
+
+def import_reasoning_gym():
+  try:
+    import reasoning_gym  # pylint: disable=g-import-not-at-top
+    import reasoning_gym.utils  # pylint: disable=g-import-not-at-top,unused-import
+  except ImportError as e:
+    raise ImportError("The reasoning-gym environments need the 'reasoning-gym' package; "
+                      f"install it with: {INSTALL_HINT}") from e
+  return reasoning_gym
+
+
+class ReasoningGymTask:
+  """seed -> entry, and the generator's scorer, for one named reasoning-gym dataset."""
+
+  def __init__(self, name: str, *, seed_offset: int = 0, answer_mode: str = "tag_or_last_line",
+               **config):
+    rg = import_reasoning_gym()
+    if name not in rg.factory.DATASETS:
+      raise ValueError(f"Unknown reasoning-gym dataset {name!r}; choose one of "
+                       f"{sorted(rg.factory.DATASETS)}.")
+    extract.extract("", answer_mode)  # validates the mode
+    self.name, self.seed_offset, self.answer_mode, self.config = (name, seed_offset,
+                                                                  answer_mode, config)
+    self._rg = rg
+    self._blocks = collections.OrderedDict()
+    self._dataset(0)  # fails now, not mid-rollout, on a bad config
+
+  def _dataset(self, block: int):
+    if block not in self._blocks:
+      self._blocks[block] = self._rg.create_dataset(
+          self.name, size=_BLOCK, seed=self.seed_offset + _BLOCK * block, **self.config)
+      if len(self._blocks) > _CACHED_BLOCKS:
+        self._blocks.popitem(last=False)
+    self._blocks.move_to_end(block)
+    return self._blocks[block]
+
+  def entry(self, seed: int) -> dict:
+    block, index = divmod(int(seed), _BLOCK)
+    return {**self._dataset(block)[index], "seed": int(seed)}
+
+  def make_problem(self, seed: int) -> dict:
+    """{"prompt", "answer", "seed", "entry"} for agentrl.data generator sources."""
+    entry = self.entry(seed)
+    return {"prompt": entry["question"], "answer": entry["answer"], "seed": seed,
+            "entry": entry}
+
+  def score(self, answer: str | None, entry: dict) -> tuple[float, str]:
+    """(the generator's own score of an already-extracted answer, error message or "")."""
+    if answer is None:
+      return 0.0, "no answer found; put the final answer inside <answer></answer>"
+    try:
+      dataset = self._dataset(int(entry.get("seed", 0)) // _BLOCK)
+      value = float(dataset.score_answer(answer=answer, entry=entry))
+    except Exception as e:  # pylint: disable=broad-except
+      return 0.0, f"scorer failed on the answer ({type(e).__name__}: {e})"
+    return (value, "") if math.isfinite(value) else (0.0, "scorer returned a non-finite value")
+
+  def reward(self, completion: str, entry: dict) -> float:
+    """Reward function `fn(completion, entry) -> float` (agentrl.rewards signature)."""
+    return self.score(extract.extract(completion, self.answer_mode), entry)[0]
+
+
+class ReasoningGymEnv:
+  """One-step Env: reset(seed) -> question; step(completion) -> the generator's score."""
+
+  max_turns = 1
+
+  def __init__(self, name: str, *, seed_offset: int = 0, answer_mode: str = "tag_or_last_line",
+               system_prompt: str | None = None, **config):
+    self.task = ReasoningGymTask(name, seed_offset=seed_offset, answer_mode=answer_mode,
+                                 **config)
+    if system_prompt is None:
+      system_prompt = import_reasoning_gym().utils.SYSTEM_PROMPTS["default"]
+    self.system_prompt = system_prompt
+    self._entry = None
+
+  def reset(self, seed: int) -> str:
+    self._entry = self.task.entry(seed)
+    return self._entry["question"]
+
+  def step(self, action: str) -> base.StepResult:
+    if self._entry is None:
+      raise RuntimeError("ReasoningGymEnv.step() called before reset(seed).")
+    answer = extract.extract(action, self.task.answer_mode)
+    reward, error = self.task.score(answer, self._entry)
+    return "", reward, True, base.make_info(reward=reward, success=reward == 1.0, error=error,
+                                            target=self._entry["answer"])

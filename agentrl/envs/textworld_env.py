@@ -1,0 +1,223 @@
+"""TextWorld adapter: locally generated text adventures as a multi-turn Env.
+
+TextWorld (Côté et al. 2018) compiles procedurally generated quests to Z-machine games with
+its bundled Inform7 compiler, fully offline (offline_resources.md §1). `make_game` generates
+one game per (kind, settings, seed) in-process and caches it in a game-pool directory
+($AGENTRL_GAME_POOL, default <tmp>/agentrl_game_pool); generation costs 1-5 s, so the pool
+is reused across runs. Kinds: the built-in challenges coin_collector (level), treasure_hunter
+(level), simple (rewards, goal, test), cooking (recipe, take, go, open, cook, cut, drop,
+recipe_seed, split) and custom quests (world_size, nb_objects, quest_length).
+
+Observations have the Inform7 residue (ASCII banner, `>` prompt, status line such as
+"-= Attic =-0/1", end-of-game menu) stripped; with `list_commands` the admissible commands
+are appended. info adds: "admissible_commands" (the valid command list), "score" and
+"max_score" (game points), "intermediate_reward" (TextWorld's dense progress signal: 1 when
+the last command moved towards the goal), "policy_commands" (a walkthrough from the current
+state), "won", "lost", "command" (the command sent).
+
+The command is read from <action>...</action> if present, else from the last non-empty line.
+Reward per turn: the increase of the game score divided by max_score, so an episode's rewards
+sum to score / max_score in [0, 1]. A command that is not in the admissible list is still
+sent to the game but sets info["error"]; an empty command is not sent.
+
+Requires the `envs` extra (textworld; pip install -e '.[envs]'), imported lazily.
+"""
+import hashlib
+import json
+import os
+import re
+import shutil
+import tempfile
+
+from agentrl.envs import base
+from agentrl.rewards import extract
+
+INSTALL_HINT = "pip install -e '.[envs]'"
+SYSTEM_PROMPT = (
+    "You are playing a text adventure game. Read the observation and reply with one game "
+    "command (for example 'go north' or 'take coin') on the last line of your reply.")
+DEFAULT_SETTINGS = {
+    "coin_collector": {"level": 1},
+    "treasure_hunter": {"level": 1},
+    "simple": {"rewards": "dense", "goal": "detailed", "test": False},
+    "cooking": {"recipe": 1, "take": 1, "go": 1, "open": False, "cook": False, "cut": False,
+                "drop": False, "recipe_seed": 0, "split": "train"},
+    "custom": {"world_size": 3, "nb_objects": 5, "quest_length": 3},
+}
+_BANNER_RE = re.compile(r"[\s_\\|$/<>]*[_\\|$][\s_\\|$/<>]*")
+_END_LINES = ("*** The End ***", "Would you like to RESTART")
+
+
+def import_textworld():
+  try:
+    import textworld  # pylint: disable=g-import-not-at-top
+    import textworld.challenges  # pylint: disable=g-import-not-at-top,unused-import
+  except ImportError as e:
+    raise ImportError("The TextWorld environments need the 'textworld' package; install it "
+                      f"with: {INSTALL_HINT}") from e
+  return textworld
+
+
+def pool_dir(path: str | None = None) -> str:
+  path = path or os.environ.get("AGENTRL_GAME_POOL") or os.path.join(
+      tempfile.gettempdir(), "agentrl_game_pool")
+  os.makedirs(path, exist_ok=True)
+  return path
+
+
+def clean_observation(text: str) -> str:
+  """Strips Inform7 residue: banner art, `>` prompt + status line, end-of-game menu."""
+  lines = []
+  for line in text.splitlines():
+    stripped = line.strip()
+    if stripped.startswith(">") or _BANNER_RE.fullmatch(stripped) and stripped:
+      continue
+    if any(stripped.startswith(end) for end in _END_LINES):
+      continue
+    lines.append(line.rstrip())
+  return re.sub(r"\n{3,}", "\n\n", "\n".join(lines)).strip()
+
+
+def _settings(kind: str, settings: dict) -> dict:
+  if kind not in DEFAULT_SETTINGS:
+    raise ValueError(f"Unknown TextWorld kind {kind!r}; choose one of {sorted(DEFAULT_SETTINGS)}.")
+  unknown = set(settings) - set(DEFAULT_SETTINGS[kind])
+  if unknown:
+    raise ValueError(f"Unknown settings {sorted(unknown)} for TextWorld kind {kind!r}; valid: "
+                     f"{sorted(DEFAULT_SETTINGS[kind])}.")
+  return {**DEFAULT_SETTINGS[kind], **settings}
+
+
+def _compile(tw, kind: str, settings: dict, seed: int, path: str) -> None:
+  options = tw.GameOptions()
+  options.seeds = seed
+  options.path = path
+  options.force_recompile = True
+  if kind == "custom":
+    options.nb_rooms = settings["world_size"]
+    options.nb_objects = settings["nb_objects"]
+    options.quest_length = settings["quest_length"]
+    tw.make(options)
+    return
+  _, make, _ = tw.challenges.CHALLENGES[f"tw-{kind}"]
+  tw.generator.compile_game(make(settings=dict(settings), options=options), options)
+
+
+def make_game(kind: str, seed: int, *, pool: str | None = None, **settings) -> str:
+  """Path of the cached .z8 game for (kind, settings, seed), generating it if needed.
+
+  Generation goes to a private temporary directory and is moved into the pool with the .z8
+  last, so concurrent processes never see a half-written game.
+  """
+  settings = _settings(kind, settings)
+  digest = hashlib.sha1(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:10]
+  root = pool_dir(pool)
+  stem = os.path.join(root, f"{kind}-{digest}-seed{int(seed)}")
+  if os.path.exists(stem + ".z8"):
+    return stem + ".z8"
+  tw = import_textworld()
+  tmp = tempfile.mkdtemp(dir=root, prefix=".gen-")
+  try:
+    _compile(tw, kind, settings, int(seed), os.path.join(tmp, "game.z8"))
+    os.replace(os.path.join(tmp, "game.json"), stem + ".json")
+    os.replace(os.path.join(tmp, "game.z8"), stem + ".z8")
+  finally:
+    shutil.rmtree(tmp, ignore_errors=True)
+  return stem + ".z8"
+
+
+def parse_command(action: str) -> str:
+  """The game command in a model reply: <action> tag or last line, lowercased, unquoted."""
+  text = extract.tag(action, "action")
+  text = text if text is not None else (extract.last_line(action) or "")
+  return " ".join(text.strip().strip("`'\"*.!").lower().split())
+
+
+class TextWorldEnv:
+  """Multi-turn Env over generated (or given) TextWorld games; see the module docstring.
+
+  reset(seed) plays game `seed` (or `seed % pool_size`, or game_files[seed % len]).
+  """
+
+  system_prompt = SYSTEM_PROMPT
+
+  def __init__(self, kind: str = "coin_collector", *, game_files=None,
+               pool_size: int | None = None, pool: str | None = None, max_turns: int = 50,
+               list_commands: bool = True, **settings):
+    if game_files is not None:
+      game_files = [str(f) for f in game_files]
+      missing = [f for f in game_files if not os.path.isfile(f)]
+      if not game_files or missing:
+        raise FileNotFoundError(f"TextWorld game_files missing or empty: {missing or '[]'}")
+    else:
+      _settings(kind, settings)
+    if max_turns < 1 or (pool_size is not None and pool_size < 1):
+      raise ValueError(f"need max_turns >= 1 and pool_size >= 1, got {max_turns}, {pool_size}.")
+    self.kind, self.settings, self.game_files = kind, settings, game_files
+    self.pool_size, self.pool = pool_size, pool
+    self.max_turns, self.list_commands = max_turns, list_commands
+    self._games = {}  # path -> started textworld env, reused across resets
+    self._game, self._state = None, None
+    self._turn, self._score, self._done = 0, 0.0, True
+
+  def game_file(self, seed: int) -> str:
+    if self.game_files is not None:
+      return self.game_files[seed % len(self.game_files)]
+    seed = seed % self.pool_size if self.pool_size else seed
+    return make_game(self.kind, seed, pool=self.pool, **self.settings)
+
+  def _start(self, path: str):
+    tw = import_textworld()
+    infos = tw.EnvInfos(admissible_commands=True, policy_commands=True, won=True, lost=True,
+                        intermediate_reward=True, score=True, max_score=True, objective=True)
+    return tw.start(path, request_infos=infos)
+
+  def _observation(self, feedback: str, done: bool) -> str:
+    obs = clean_observation(feedback)
+    if self.list_commands and not done:
+      obs += "\nValid commands: " + ", ".join(self._state.get("admissible_commands") or [])
+    return obs
+
+  def reset(self, seed: int) -> str:
+    path = self.game_file(seed)
+    if path not in self._games:
+      self._games[path] = self._start(path)
+    self._game = self._games[path]
+    self._state = self._game.reset()
+    self._turn, self._score, self._done = 0, float(self._state.get("score") or 0), False
+    return self._observation(self._state.feedback, done=False)
+
+  def step(self, action: str) -> base.StepResult:
+    if self._game is None or self._done:
+      raise RuntimeError("TextWorldEnv.step() needs reset(seed) before each episode.")
+    self._turn += 1
+    command = parse_command(action)
+    valid = list(self._state.get("admissible_commands") or [])
+    if not command:
+      self._done = self._turn >= self.max_turns
+      error = "empty command; reply with one game command"
+      return f"Error: {error}.", 0.0, self._done, self._info(0.0, "", valid, error=error)
+    self._state, step_score, done = self._game.step(command)
+    score = float(self._state.get("score") if self._state.get("score") is not None
+                  else step_score)
+    max_score = float(self._state.get("max_score") or 1.0)
+    reward, self._score = (score - self._score) / max_score, score
+    won, lost = bool(self._state.get("won")), bool(self._state.get("lost"))
+    self._done = bool(done) or won or lost or self._turn >= self.max_turns
+    error = "" if command in valid else f"'{command}' is not an admissible command"
+    info = self._info(reward, command, list(self._state.get("admissible_commands") or []),
+                      error=error, success=won, lost=lost)
+    return self._observation(self._state.feedback, self._done), reward, self._done, info
+
+  def _info(self, reward, command, valid, **kwargs) -> base.Info:
+    state = self._state
+    return base.make_info(
+        reward=reward, command=command, admissible_commands=valid, score=self._score,
+        max_score=state.get("max_score"), won=bool(state.get("won")),
+        intermediate_reward=state.get("intermediate_reward"),
+        policy_commands=list(state.get("policy_commands") or []), **kwargs)
+
+  def close(self) -> None:
+    for game in self._games.values():
+      game.close()
+    self._games, self._game = {}, None

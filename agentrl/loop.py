@@ -1,0 +1,289 @@
+# pylint: disable=invalid-name
+"""The RL step driver shared by experiments (architecture.md §2).
+
+One step of `run`:
+
+  rollout      host: prompts -> sampler (+ env turns) -> rewards -> `pack` -> device Batch
+  score        jitted, no grad: old_logp (and ref_logp, values) for every token
+  advantages   jitted: the experiment's estimator, e.g. `agentrl.advantages.grpo`
+  update       epochs x minibatches of the experiment's jitted `update_step(state, batch)`
+  log, save    one dict of scalars to `metrics.Writer`; a checkpoint every `save_every` steps
+
+The loop owns no algorithm: every piece of math is a function the experiment passes in, and an
+experiment whose method needs another loop (a critic phase, a replay buffer, a dual variable
+updated between steps) writes its own and reuses the helpers here.
+
+Exact resume. Step s draws its randomness from `fold_in(rng, s)` and its prompts from the data
+stream, whose position (`state()`) is checkpointed with the train state. A run killed at any
+point (SIGKILL included) and started again with the same workdir restores the last complete
+checkpoint, drops later metrics records, and reproduces the uninterrupted run's records
+exactly on CPU (the time and throughput fields aside).
+"""
+from collections.abc import Callable, Mapping, Sequence
+import dataclasses
+import math
+import time
+from typing import Any, Protocol
+
+from flax import nnx
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from agentrl import checkpoint as checkpoint_lib
+from agentrl import metrics as metrics_lib
+from agentrl import types
+from agentrl.losses import aggregation
+from agentrl.models import policy as policy_lib
+from agentrl.rollout import agent_loop
+from agentrl.rollout import pack as pack_lib
+
+# Keys whose values depend on wall time; everything else in a run's records is reproducible.
+TIMING_KEYS = ("time/rollout", "time/score", "time/update", "time/step", "tokens_per_s")
+
+
+class DataStream(Protocol):
+  """A prompt source whose position can be checkpointed (JSON-able) and restored."""
+
+  def state(self) -> dict[str, Any]:
+    ...
+
+  def restore(self, state: Mapping[str, Any]) -> None:
+    ...
+
+
+class SeedStream:
+  """Consecutive integer seeds for procedurally generated tasks (env.reset(seed))."""
+
+  def __init__(self, start: int = 0):
+    self.next_seed = int(start)
+
+  def take(self, n: int) -> list[int]:
+    seeds = list(range(self.next_seed, self.next_seed + n))
+    self.next_seed += n
+    return seeds
+
+  def state(self) -> dict[str, Any]:
+    return {"next_seed": self.next_seed}
+
+  def restore(self, state: Mapping[str, Any]) -> None:
+    self.next_seed = int(state["next_seed"])
+
+
+@dataclasses.dataclass
+class Rollout:
+  """What one rollout hands to the device side."""
+  batch: types.Batch                       # device arrays; rows [i*G, (i+1)*G) share a prompt
+  metrics: dict[str, float]                # host scalars: reward, success, lengths, env counters
+  extras: dict[str, Any] = dataclasses.field(default_factory=dict)  # e.g. greedy_reward_B
+
+
+def trajectory_success(traj: agent_loop.Trajectory) -> bool:
+  """Whether any env step of the trajectory reported success (envs/base.py info contract)."""
+  return any(bool(info.get("success")) for info in traj.infos)
+
+
+def env_rollout(sampler, params, tok, make_env: Callable[[], Any], seeds: Sequence[Any], *,
+                rng: jax.Array, group_size: int, max_turns: int, max_new_tokens: int,
+                max_len: int, temperature: float, chat_template: bool,
+                greedy_baseline: bool = False, min_len: int = 16, sharding=None,
+                **sample_kwargs) -> Rollout:
+  """G rollouts per seed through `agent_loop.rollout_groups`, packed into a device Batch.
+
+  Rewards are the envs' (sum of per-turn rewards). With `greedy_baseline` the extras hold
+  `greedy_reward_B` (one greedy rollout per prompt, repeated over its group) for ReMax.
+  """
+  groups = agent_loop.rollout_groups(
+      sampler, params, tok, make_env, seeds, group_size=group_size,
+      greedy_baseline=greedy_baseline, rng=rng, max_turns=max_turns,
+      max_new_tokens=max_new_tokens, max_len=max_len, temperature=temperature,
+      chat_template=chat_template, **sample_kwargs)
+  trajs = groups.trajectories
+  batch = pack_lib.pack(trajs, max_len=max_len, pad_id=tok.pad_id, min_len=min_len,
+                        sharding=sharding)
+  host = dict(groups.metrics)
+  host["reward"] = host["rollout/reward_mean"]
+  host["success"] = float(np.mean([trajectory_success(t) for t in trajs]))
+  host["rollout/sampled_tokens"] = float(sum(t.loss_mask.sum() for t in trajs))
+  extras = {}
+  if greedy_baseline:
+    greedy_B = np.repeat([t.reward for t in groups.baseline], group_size).astype(np.float32)
+    extras["greedy_reward_B"] = jax.device_put(greedy_B, sharding)
+  return Rollout(batch=batch, metrics=host, extras=extras)
+
+
+def make_score_step(graphdef, *, temperature: float, logprob_impl: str = "auto",
+                    with_ref: bool = False) -> Callable:
+  """score_step(params, ref_params, batch) -> (batch, metrics); pure, jit it in the experiment.
+
+  Fills `old_logp_BT` with the learner's own log-probs of the behaviour policy (the ratio's
+  denominator) and, with `with_ref`, `ref_logp_BT` from the frozen reference params, which
+  stay a separate non-donated argument (style.md C4). Metrics: `logp_mismatch` (mean
+  |learner - sampler| log-prob over policy tokens, ~0 in float32) and `entropy`.
+  """
+
+  def logprobs(params, batch, return_entropy):
+    model = nnx.merge(graphdef, params)
+    return policy_lib.token_logprobs(
+        model, batch.tokens_BT, batch.positions_BT, batch.input_mask_BT,
+        temperature=temperature, return_entropy=return_entropy, impl=logprob_impl)
+
+  def score_step(params, ref_params, batch: types.Batch):
+    old_logp_BT, entropy_BT = logprobs(params, batch, True)
+    mask_BT = batch.loss_mask_BT
+    metrics = {"entropy": aggregation.masked_mean(entropy_BT, mask_BT)}
+    if batch.sampler_logp_BT is not None:
+      metrics["logp_mismatch"] = aggregation.masked_mean(
+          jnp.abs(old_logp_BT - batch.sampler_logp_BT), mask_BT)
+    ref_logp_BT = logprobs(ref_params, batch, False) if with_ref else None
+    return batch.replace(old_logp_BT=old_logp_BT, ref_logp_BT=ref_logp_BT), metrics
+
+  return score_step
+
+
+def skip_nonfinite(update_step: Callable) -> Callable:
+  """Wraps update_step(state, batch) so a non-finite loss or gradient norm leaves state as is.
+
+  Apply before `jax.jit(..., donate_argnames="state")`: the state is donated, so the choice
+  between the old and the new state has to happen inside the compiled step. The returned
+  metrics gain `skipped` (1.0 when the update was dropped).
+  """
+
+  def guarded(state, batch):
+    new_state, metrics = update_step(state, batch)
+    ok = jnp.isfinite(metrics["loss"])
+    if "grad_norm" in metrics:
+      ok &= jnp.isfinite(metrics["grad_norm"])
+    state = jax.tree.map(lambda new, old: jnp.where(ok, new, old), new_state, state)
+    return state, {**metrics, "skipped": (~ok).astype(jnp.float32)}
+
+  return guarded
+
+
+def minibatches(batch: types.Batch, *, num: int, rng: jax.Array | None) -> list[types.Batch]:
+  """Splits the rows into `num` equal minibatches, shuffled by `rng` (None: in order)."""
+  B = batch.tokens_BT.shape[0]
+  if B % num:
+    raise ValueError(f"minibatches={num} must divide the batch size {B}.")
+  if num == 1 and rng is None:
+    return [batch]
+  order = jnp.arange(B) if rng is None else jax.random.permutation(rng, B)
+  size = B // num
+  return [jax.tree.map(lambda x, idx=order[i * size:(i + 1) * size]: x[idx], batch)
+          for i in range(num)]
+
+
+def _mean_metrics(per_update: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+  """Means over minibatch updates; `skipped` is summed (the number of dropped updates)."""
+  host = jax.device_get(list(per_update))
+  out = {}
+  for key in host[0]:
+    values = np.asarray([m[key] for m in host], np.float64)
+    if key == "skipped":
+      out[key] = float(values.sum())
+    else:
+      finite = values[np.isfinite(values)]
+      out[key] = float(finite.mean()) if finite.size else math.nan
+  return out
+
+
+@dataclasses.dataclass
+class Result:
+  state: Any
+  step: int
+  records: list[dict[str, Any]]            # every metrics record of the run (resumed ones too)
+  evals: dict[str, dict[str, float]]       # str(step) -> eval metrics, including step "0"
+  wall_seconds: float                      # this process's wall time in `run`
+
+
+def run(state, *, rng: jax.Array, total_steps: int, workdir: str,
+        rollout_fn: Callable[[Any, jax.Array, int], Rollout],
+        score_fn: Callable[[Any, types.Batch], tuple[types.Batch, dict]],
+        advantage_fn: Callable[[types.Batch, dict], tuple[types.Batch, dict]],
+        update_fn: Callable[[Any, types.Batch], tuple[Any, dict]],
+        epochs: int = 1, num_minibatches: int = 1, shuffle: bool = True,
+        data: DataStream | None = None,
+        evaluate: Callable[[Any], dict[str, float]] | None = None, eval_every: int = 0,
+        save_every: int = 50, keep: int = 2, async_save: bool = True,
+        tensorboard: bool = True, wandb: Mapping[str, Any] | None = None,
+        console: bool = True) -> Result:
+  """Runs RL steps 1..total_steps from scratch or from the newest checkpoint in workdir/ckpt.
+
+  Args:
+    state: the initial train state (a pytree with `.params`; donated to `update_fn`).
+    rng: base key; step s uses fold_in(rng, s) (rollout), and its children (minibatch order).
+    rollout_fn: (params, key, step) -> Rollout; draws its prompts from `data`.
+    score_fn: (params, batch) -> (batch with old_logp/ref_logp/values, metrics); jitted.
+    advantage_fn: (batch, rollout extras) -> (batch with adv_BT/ret_BT, metrics); jitted.
+    update_fn: the experiment's jitted update_step(state, minibatch) -> (state, metrics),
+      wrapped in `skip_nonfinite` so a bad loss skips the update and is logged.
+    epochs, num_minibatches: passes over each rollout batch and updates per pass.
+    data: the prompt stream whose position is checkpointed.
+    evaluate: params -> metrics (e.g. held-out greedy success), run before step 1, every
+      `eval_every` steps and after the last; logged with an "eval/" prefix.
+    save_every, keep, async_save: checkpoint cadence (the last step is always saved).
+  """
+  start = time.perf_counter()
+  ckpt = checkpoint_lib.Checkpointer(f"{workdir}/ckpt", save_every=save_every, keep=keep,
+                                     async_save=async_save)
+  step, evals = 0, {}
+  if ckpt.latest_step() is not None:
+    tree, meta = ckpt.restore({"state": state, "rng": rng})
+    state, rng, step, evals = tree["state"], tree["rng"], int(meta["step"]), meta["evals"]
+    if data is not None:
+      data.restore(meta["data"])
+    print(f"Resumed from {ckpt.directory} at step {step}.", flush=True)
+  writer = metrics_lib.Writer(workdir, total_steps=total_steps, tensorboard=tensorboard,
+                              wandb=wandb, console=console,
+                              resume_step=step if step else None)
+  if evaluate is not None and "0" not in evals:
+    evals["0"] = _prefixed(evaluate(state.params))
+  try:
+    while step < total_steps:
+      step += 1
+      state, record = _step(state, step, rng, rollout_fn, score_fn, advantage_fn, update_fn,
+                            epochs=epochs, num_minibatches=num_minibatches, shuffle=shuffle)
+      if evaluate is not None and (step == total_steps or (eval_every and step % eval_every == 0)):
+        evals[str(step)] = _prefixed(evaluate(state.params))
+        record.update(evals[str(step)])
+      writer.write(step, record)
+      meta = {"step": step, "evals": evals, "data": data.state() if data is not None else {}}
+      ckpt.save(step, {"state": state, "rng": rng}, meta, force=step == total_steps)
+  finally:
+    ckpt.close()
+    writer.close()
+  return Result(state=state, step=step, records=metrics_lib.read_jsonl(writer.path),
+                evals=evals, wall_seconds=time.perf_counter() - start)
+
+
+def _prefixed(scalars: Mapping[str, Any]) -> dict[str, float]:
+  return {f"eval/{k}": float(v) for k, v in scalars.items()}
+
+
+def _step(state, step, rng, rollout_fn, score_fn, advantage_fn, update_fn, *, epochs,
+          num_minibatches, shuffle):
+  """One RL step; returns (state, flat host metrics)."""
+  times, t0 = {}, time.perf_counter()
+  step_rng = jax.random.fold_in(rng, step)
+  rollout_rng, shuffle_rng = jax.random.split(step_rng)
+  with metrics_lib.timed(times, "rollout"):
+    rollout = rollout_fn(state.params, rollout_rng, step)
+  with metrics_lib.timed(times, "score"):
+    batch, score_metrics = score_fn(state.params, rollout.batch)
+    batch, adv_metrics = advantage_fn(batch, rollout.extras)
+    score_metrics = jax.device_get({**score_metrics, **adv_metrics})
+  with metrics_lib.timed(times, "update"):
+    per_update = []
+    for epoch in range(epochs):
+      key = jax.random.fold_in(shuffle_rng, epoch) if shuffle else None
+      for minibatch in minibatches(batch, num=num_minibatches, rng=key):
+        state, update_metrics = update_fn(state, minibatch)
+        per_update.append(update_metrics)
+    # Every update of the step is dispatched before the one device_get: the next rollout
+    # needs the new params anyway, so deferring the fetch further would buy no overlap.
+    update_metrics = _mean_metrics(per_update)
+  times["time/step"] = time.perf_counter() - t0
+  record = {**rollout.metrics, **{k: float(v) for k, v in score_metrics.items()},
+            **update_metrics, **times}
+  record["tokens_per_s"] = rollout.metrics.get("rollout/sampled_tokens", 0.0) / times["time/step"]
+  return state, record

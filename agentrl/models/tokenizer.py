@@ -1,0 +1,281 @@
+"""Tokenizers: sentencepiece `.model`, HF `tokenizer.json`, and vocabularies embedded in GGUF.
+
+  tok = tokenizer.load("path/to/hf_dir")          # tokenizer.json (+ tokenizer_config.json)
+  tok = tokenizer.load("m.model")                 # sentencepiece
+  tok = tokenizer.load(hf.smollm2_path())         # the GGUF's own BPE vocabulary
+  tok = tokenizer.train_sentencepiece(lines, 512) # in-process, for tiny experiments
+  ids = tok.encode(tok.apply_chat_template([{"role": "user", "content": "Hi"}]))
+
+Special tokens written in the text (e.g. "<|im_start|>") encode to their ids. Chat templates are
+Jinja, rendered in a sandbox (never `eval`); without a shipped template the ChatML one is used.
+"""
+import dataclasses
+import datetime
+import io
+import json
+import os
+from typing import Any, Iterable, Sequence
+
+CHATML_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
+# Tokens that close an assistant turn in common chat formats (ChatML, Gemma, Llama 3, Phi).
+END_OF_TURN_TOKENS = ("<|im_end|>", "<end_of_turn>", "<|eot_id|>", "<|end|>", "<|endoftext|>")
+# tokenizer.ggml.pre -> split regex before byte-level BPE (as llama.cpp / transformers).
+_LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+                 r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+                r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_GGUF_SPLITS = {"llama-bpe": _LLAMA3_SPLIT, "llama3": _LLAMA3_SPLIT, "llama-v3": _LLAMA3_SPLIT,
+                "qwen2": _QWEN2_SPLIT}
+_GGUF_GPT2_PRES = ("smollm", "gpt-2", "gpt2", "default")
+
+
+@dataclasses.dataclass
+class Tokenizer:
+  """Text <-> token ids plus the special ids and chat template a policy needs."""
+  backend: Any                      # _HfBackend or _SpBackend
+  bos_id: int | None
+  eos_id: int | None
+  pad_id: int | None                # falls back to eos_id when the tokenizer has none
+  chat_template: str
+  bos_token: str = ""
+  eos_token: str = ""
+  special_ids: frozenset[int] = frozenset()
+  end_of_turn_ids: tuple[int, ...] = ()
+
+  @property
+  def vocab_size(self) -> int:
+    return self.backend.vocab_size()
+
+  def encode(self, text: str, *, add_bos: bool = False) -> list[int]:
+    if not isinstance(text, str):
+      raise TypeError(f"encode() takes a str, got {type(text).__name__}.")
+    ids = self.backend.encode(text)
+    if add_bos:
+      if self.bos_id is None:
+        raise ValueError("add_bos=True but this tokenizer has no BOS token.")
+      ids = [self.bos_id] + ids
+    return ids
+
+  def decode(self, ids: Iterable[int], *, skip_special: bool = False) -> str:
+    return self.backend.decode([int(i) for i in ids], skip_special)
+
+  def token_to_id(self, token: str) -> int | None:
+    return self.backend.token_to_id(token)
+
+  def apply_chat_template(self, messages: Sequence[dict], *, add_generation_prompt: bool = True,
+                          **template_kwargs) -> str:
+    """Renders `messages` ([{"role", "content"}]) with the chat template (Jinja, sandboxed)."""
+    for i, m in enumerate(messages):
+      if not isinstance(m, dict) or "role" not in m or "content" not in m:
+        raise ValueError(f"messages[{i}] must be a dict with 'role' and 'content', got {m!r}.")
+    return _render(self.chat_template, messages=list(messages),
+                   add_generation_prompt=add_generation_prompt, bos_token=self.bos_token,
+                   eos_token=self.eos_token, **template_kwargs)
+
+
+def _render(template: str, **context) -> str:
+  import jinja2  # pylint: disable=g-import-not-at-top
+  from jinja2 import sandbox  # pylint: disable=g-import-not-at-top
+
+  def raise_exception(message):
+    raise jinja2.exceptions.TemplateError(message)
+
+  def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
+                      sort_keys=sort_keys)
+
+  # The settings transformers uses, so shipped templates render identically.
+  env = sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                              extensions=["jinja2.ext.loopcontrols"])
+  env.filters["tojson"] = tojson
+  env.globals["raise_exception"] = raise_exception
+  env.globals["strftime_now"] = lambda fmt: datetime.datetime.now().strftime(fmt)
+  return env.from_string(template).render(**context)
+
+
+class _HfBackend:
+  """A `tokenizers.Tokenizer` (from tokenizer.json or built from GGUF metadata)."""
+
+  def __init__(self, tok):
+    self.tok = tok
+
+  def vocab_size(self):
+    return self.tok.get_vocab_size(with_added_tokens=True)
+
+  def encode(self, text):
+    return self.tok.encode(text, add_special_tokens=False).ids
+
+  def decode(self, ids, skip_special):
+    return self.tok.decode(ids, skip_special_tokens=skip_special)
+
+  def token_to_id(self, token):
+    return self.tok.token_to_id(token)
+
+  def special_ids(self):
+    return {i for i, t in self.tok.get_added_tokens_decoder().items() if t.special}
+
+
+class _SpBackend:
+  """A sentencepiece processor."""
+
+  def __init__(self, sp):
+    self.sp = sp
+
+  def vocab_size(self):
+    return self.sp.get_piece_size()
+
+  def encode(self, text):
+    return self.sp.encode(text)
+
+  def decode(self, ids, skip_special):
+    if skip_special:
+      ids = [i for i in ids if not (self.sp.is_control(i) or self.sp.is_user_defined(i))]
+    # sentencepiece drops control pieces (<s>, </s>) when decoding; keep them visible.
+    out, run = [], []
+    for i in ids:
+      if self.sp.is_control(i):
+        out += [self.sp.decode(run), self.sp.id_to_piece(i)]
+        run = []
+      else:
+        run.append(i)
+    return "".join(out + [self.sp.decode(run)])
+
+  def token_to_id(self, token):
+    i = self.sp.piece_to_id(token)
+    return None if i == self.sp.unk_id() and token != self.sp.id_to_piece(i) else i
+
+  def special_ids(self):
+    return {i for i in range(self.sp.get_piece_size())
+            if self.sp.is_control(i) or self.sp.is_user_defined(i)}
+
+
+def _finish(backend, *, bos, eos, pad, chat_template) -> Tokenizer:
+  """Resolves special token strings/ids and the end-of-turn set into a Tokenizer."""
+  def as_id(x):
+    return backend.token_to_id(x) if isinstance(x, str) else x
+
+  bos_id, eos_id, pad_id = as_id(bos), as_id(eos), as_id(pad)
+  pad_id = eos_id if pad_id is None else pad_id
+  special = frozenset(backend.special_ids())
+  eot = [backend.token_to_id(t) for t in END_OF_TURN_TOKENS]
+  eot = tuple(dict.fromkeys([i for i in eot if i is not None and i in special]
+                            + ([eos_id] if eos_id is not None else [])))
+  token = lambda i: "" if i is None else backend.decode([i], False)
+  return Tokenizer(backend=backend, bos_id=bos_id, eos_id=eos_id, pad_id=pad_id,
+                   chat_template=chat_template or CHATML_TEMPLATE, bos_token=token(bos_id),
+                   eos_token=token(eos_id), special_ids=special, end_of_turn_ids=eot)
+
+
+def _token_str(entry):
+  return entry.get("content") if isinstance(entry, dict) else entry
+
+
+def _load_tokenizer_json(path: str) -> Tokenizer:
+  import tokenizers  # pylint: disable=g-import-not-at-top
+  backend = _HfBackend(tokenizers.Tokenizer.from_file(path))
+  config_path = os.path.join(os.path.dirname(path), "tokenizer_config.json")
+  config = {}
+  if os.path.isfile(config_path):
+    with open(config_path) as f:
+      config = json.load(f)
+  template = config.get("chat_template")
+  jinja_path = os.path.join(os.path.dirname(path), "chat_template.jinja")
+  if template is None and os.path.isfile(jinja_path):
+    with open(jinja_path) as f:
+      template = f.read()
+  if isinstance(template, list):  # named templates: [{"name": "default", "template": ...}]
+    named = {t["name"]: t["template"] for t in template}
+    template = named.get("default", next(iter(named.values()), None))
+  return _finish(backend, bos=_token_str(config.get("bos_token")),
+                 eos=_token_str(config.get("eos_token")),
+                 pad=_token_str(config.get("pad_token")), chat_template=template)
+
+
+def _load_sentencepiece(path: str = "", model_proto: bytes | None = None) -> Tokenizer:
+  import sentencepiece as spm  # pylint: disable=g-import-not-at-top
+  sp = spm.SentencePieceProcessor(model_file=path) if model_proto is None else (
+      spm.SentencePieceProcessor(model_proto=model_proto))
+  none_if_neg = lambda i: None if i < 0 else i
+  return _finish(_SpBackend(sp), bos=none_if_neg(sp.bos_id()), eos=none_if_neg(sp.eos_id()),
+                 pad=none_if_neg(sp.pad_id()), chat_template=None)
+
+
+def _load_gguf(path: str) -> Tokenizer:
+  """Byte-level BPE from tokenizer.ggml.{tokens,merges,token_type} (offline_resources §6)."""
+  import tokenizers  # pylint: disable=g-import-not-at-top
+  from tokenizers import decoders, models, pre_tokenizers  # pylint: disable=g-import-not-at-top
+  from agentrl.models import gguf_file  # pylint: disable=g-import-not-at-top
+  field = gguf_file.GgufFile(path).fields.get
+  kind, pre = field("tokenizer.ggml.model"), field("tokenizer.ggml.pre", "default")
+  if kind != "gpt2":
+    raise ValueError(f"{path}: GGUF tokenizer model {kind!r} is not supported (only byte-level "
+                     "BPE, 'gpt2'); load the model's tokenizer.json or tokenizer.model instead.")
+  tokens, types = field("tokenizer.ggml.tokens"), field("tokenizer.ggml.token_type")
+  merges = [tuple(m.split(" ", 1)) for m in field("tokenizer.ggml.merges", [])]
+  tok = tokenizers.Tokenizer(models.BPE({t: i for i, t in enumerate(tokens)}, merges))
+  byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=pre not in _GGUF_SPLITS)
+  if pre in _GGUF_SPLITS:
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(tokenizers.Regex(_GGUF_SPLITS[pre]), behavior="isolated"),
+        byte_level])
+  elif pre in _GGUF_GPT2_PRES:
+    # SmolLM's vocabulary was trained on single digits (as its tokenizer.json splits them).
+    digits = [pre_tokenizers.Digits(individual_digits=True)] if pre == "smollm" else []
+    tok.pre_tokenizer = pre_tokenizers.Sequence(digits + [byte_level])
+  else:
+    raise ValueError(f"{path}: tokenizer.ggml.pre {pre!r} is not supported (supported: "
+                     f"{sorted(_GGUF_SPLITS) + list(_GGUF_GPT2_PRES)}).")
+  tok.decoder = decoders.ByteLevel()
+  control = [tokens[i] for i, t in enumerate(types or []) if t == 3]  # 3 = CONTROL
+  tok.add_special_tokens([tokenizers.AddedToken(t, special=True, normalized=False)
+                          for t in control])
+  ids = lambda k: field(f"tokenizer.ggml.{k}")
+  return _finish(_HfBackend(tok), bos=ids("bos_token_id"), eos=ids("eos_token_id"),
+                 pad=ids("padding_token_id"), chat_template=field("tokenizer.chat_template"))
+
+
+def load(path) -> Tokenizer:
+  """A Tokenizer from a directory (tokenizer.json or tokenizer.model), .json, .model or .gguf."""
+  path = os.fspath(path)
+  if os.path.isdir(path):
+    for name in ("tokenizer.json", "tokenizer.model"):
+      if os.path.isfile(os.path.join(path, name)):
+        return load(os.path.join(path, name))
+    raise FileNotFoundError(f"{path} has neither tokenizer.json nor tokenizer.model.")
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f"No tokenizer at {path!r}.")
+  if path.endswith(".json"):
+    return _load_tokenizer_json(path)
+  if path.endswith(".model"):
+    return _load_sentencepiece(path)
+  if path.endswith(".gguf"):
+    return _load_gguf(path)
+  raise ValueError(f"Unrecognized tokenizer file {path!r}: expected tokenizer.json, a "
+                   "sentencepiece .model, a .gguf, or a directory holding one.")
+
+
+def train_sentencepiece(lines: Iterable[str], vocab_size: int, *, model_type: str = "bpe",
+                        user_defined_symbols: Sequence[str] = ("<|im_start|>", "<|im_end|>"),
+                        path: str | None = None, **trainer_kwargs) -> Tokenizer:
+  """Trains a sentencepiece model in-process (offline_resources §8); ChatML-ready by default.
+
+  Ids: pad 0, unk 1, bos 2, eos 3, then `user_defined_symbols`. `vocab_size` is a soft limit
+  (a small corpus may yield fewer pieces). Writes the .model file to `path` if given.
+  """
+  import sentencepiece as spm  # pylint: disable=g-import-not-at-top
+  buf = io.BytesIO()
+  options = dict(model_type=model_type, character_coverage=1.0, byte_fallback=True,
+                 split_digits=True, pad_id=0, unk_id=1, bos_id=2, eos_id=3,
+                 user_defined_symbols=list(user_defined_symbols), hard_vocab_limit=False,
+                 num_threads=2, minloglevel=2)
+  options.update(trainer_kwargs)
+  spm.SentencePieceTrainer.train(sentence_iterator=iter(lines), model_writer=buf,
+                                 vocab_size=vocab_size, **options)
+  if path is not None:
+    with open(path, "wb") as f:
+      f.write(buf.getvalue())
+  return _load_sentencepiece(model_proto=buf.getvalue())

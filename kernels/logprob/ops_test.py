@@ -1,0 +1,252 @@
+# pylint: disable=invalid-name
+"""Tests for kernels.logprob: every implementation against the naive reference (style.md C10).
+
+Value and gradient w.r.t. hidden and W with per-token cotangents on logp and entropy, float32
+and bf16, ragged N, V not a multiple of the tile, soft-capping and temperature. The Pallas
+kernels run compiled on their accelerator (`TokenLogprobsPallasTest`, skipped on CPU) and in
+interpret mode everywhere (`TokenLogprobsPallasInterpretTest`); the TPU (Mosaic) and GPU
+(Triton) lowerings are checked on CPU with `jax.export`.
+"""
+from absl.testing import absltest
+from absl.testing import parameterized
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from kernels.logprob import common
+from kernels.logprob import ops
+from kernels.logprob import pallas_gpu
+from kernels.logprob import pallas_tpu
+from kernels.logprob import xla
+
+jax.config.update("jax_numpy_rank_promotion", "raise")
+
+# (n, d, v, dtype, softcap, temperature, entropy): ragged n, v not a multiple of any tile.
+CASES = (
+    dict(n=8, d=32, v=256, dtype="float32", softcap=None, temperature=1.0, entropy=False),
+    dict(n=37, d=40, v=300, dtype="float32", softcap=5.0, temperature=1.3, entropy=True),
+    dict(n=64, d=64, v=1000, dtype="bfloat16", softcap=None, temperature=1.0, entropy=True),
+    dict(n=130, d=48, v=5000, dtype="bfloat16", softcap=30.0, temperature=0.7, entropy=False),
+)
+# Small tiles so the test shapes span several row and vocab tiles.
+BLOCKS = {
+    "xla": xla.BlockSizes(rows=16),
+    "pallas_tpu": pallas_tpu.BlockSizes(rows=16, vocab=128),
+    "pallas_gpu": pallas_gpu.BlockSizes(rows=16, vocab=128, depth=16, vocab_splits=3),
+}
+
+
+def _inputs(n, d, v, dtype, seed=0):
+  k = jax.random.split(jax.random.key(seed), 5)
+  h_ND = jax.random.normal(k[0], (n, d)).astype(dtype)
+  w_DV = (3.0 / np.sqrt(d) * jax.random.normal(k[1], (d, v))).astype(dtype)
+  y_N = jax.random.randint(k[2], (n,), 0, v)
+  # Per-token cotangents of both signs: RL losses weight each token by its advantage.
+  g_N, g_ent_N = jax.random.normal(k[3], (n,)), jax.random.normal(k[4], (n,))
+  return h_ND, w_DV, y_N, g_N, g_ent_N
+
+
+def _value_and_grads(impl, case, **kw):
+  h_ND, w_DV, y_N, g_N, g_ent_N = _inputs(case["n"], case["d"], case["v"], case["dtype"])
+
+  def objective(h_ND, w_DV):
+    out = ops.token_logprobs(h_ND, w_DV, y_N, temperature=case["temperature"],
+                             softcap=case["softcap"], return_entropy=case["entropy"],
+                             impl=impl, **kw)
+    logp_N, ent_N = out if case["entropy"] else (out, jnp.zeros_like(out))
+    return jnp.sum(g_N * logp_N) + jnp.sum(g_ent_N * ent_N), (logp_N, ent_N)
+
+  # One jit per call: eager op-by-op dispatch compiles every primitive separately (slower).
+  (_, values), grads = jax.jit(jax.value_and_grad(objective, (0, 1), has_aux=True))(h_ND, w_DV)
+  return values, grads
+
+
+def _assert_close(test, got, want, dtype):
+  """Compares pytrees; bf16 tolerances are relative to the largest reference entry."""
+  for x, y in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+    x, y = np.asarray(x, np.float32), np.asarray(y, np.float32)
+    test.assertEqual(x.shape, y.shape)
+    scale = max(1.0, float(np.abs(y).max()))
+    tol = 2e-2 if dtype == "bfloat16" else 2e-5
+    np.testing.assert_allclose(x, y, atol=tol * scale, rtol=0)
+
+
+class TokenLogprobsTest(parameterized.TestCase):
+
+  def test_reference_hand_computed(self):
+    # Logits [0, ln 2, ln 3] (D = 1, h = 1): p = [1/6, 2/6, 3/6].
+    w_DV = jnp.log(jnp.array([[1.0, 2.0, 3.0]]))
+    logp_N, ent_N = ops.token_logprobs_reference(jnp.ones((2, 1)), w_DV, jnp.array([2, 0]),
+                                                 return_entropy=True)
+    np.testing.assert_allclose(logp_N, np.log([0.5, 1 / 6]), rtol=1e-6)
+    p = np.array([1, 2, 3]) / 6
+    np.testing.assert_allclose(ent_N, [-(p * np.log(p)).sum()] * 2, rtol=1e-6)
+
+  def test_softcap_and_temperature_order(self):
+    # Soft-capping applies to raw logits, then temperature (Gemma-2, verl).
+    h_ND, w_DV = jnp.ones((1, 1)), jnp.array([[0.0, 4.0]])
+    logp = ops.token_logprobs_reference(h_ND, w_DV, jnp.array([1]), temperature=2.0,
+                                        softcap=3.0)
+    z1 = 3.0 * np.tanh(4.0 / 3.0) / 2.0
+    np.testing.assert_allclose(logp, [z1 - np.logaddexp(0.0, z1)], rtol=1e-6)
+
+  @parameterized.parameters(*CASES)
+  def test_xla_matches_reference(self, **case):
+    got = _value_and_grads("xla", case, block_sizes=BLOCKS["xla"])
+    _assert_close(self, got, _value_and_grads("reference", case), case["dtype"])
+
+  def test_xla_default_block_sizes_single_chunk(self):
+    case = CASES[1]
+    _assert_close(self, _value_and_grads("xla", case), _value_and_grads("reference", case),
+                  case["dtype"])
+
+  def test_gradient_is_zero_for_zero_cotangent_tokens(self):
+    # A masked token (g = g_ent = 0) must not contribute to dh (its row) or to dW.
+    h_ND, w_DV, y_N, g_N, _ = _inputs(16, 32, 300, "float32")
+    g_N = g_N.at[5:].set(0.0)
+    loss = lambda h, w: jnp.sum(g_N * ops.token_logprobs(h, w, y_N, impl="xla",
+                                                         block_sizes=BLOCKS["xla"]))
+    dh, dw = jax.grad(loss, (0, 1))(h_ND, w_DV)
+    np.testing.assert_array_equal(dh[5:], 0.0)
+    self.assertTrue(np.all(np.abs(dh[:5]).sum(-1) > 0))
+    dw_first5 = jax.grad(loss, 1)(h_ND.at[5:].set(100.0), w_DV)  # junk in masked rows
+    np.testing.assert_allclose(dw_first5, dw, atol=1e-6)
+
+  def test_no_NV_residual(self):
+    n, v = 64, 1000
+    h_ND, w_DV, y_N, _, _ = _inputs(n, 32, v, "float32")
+
+    def residual_sizes(impl):
+      f = lambda h, w: ops.token_logprobs(h, w, y_N, impl=impl, return_entropy=True)
+      _, vjp_fn = jax.vjp(f, h_ND, w_DV)
+      return [x.size for x in jax.tree.leaves(vjp_fn)]
+
+    self.assertLess(max(residual_sizes("xla")), n * v)
+    self.assertGreaterEqual(max(residual_sizes("reference")), n * v)  # the check can fail
+
+  def test_vocab_shards_compose(self):
+    # What a vocab-parallel wrapper does: per-shard stats and grads, merged.
+    h_ND, w_DV, y_N, g_N, g_ent_N = _inputs(24, 32, 900, "float32")
+    kw = dict(temperature=0.9, softcap=20.0)
+    bounds = [(0, 300), (300, 650), (650, 900)]
+    shards = [ops.logprob_stats(h_ND, w_DV[:, a:b], y_N - a, with_entropy=True, impl="xla", **kw)
+              for a, b in bounds]
+    stats = shards[0]
+    for s in shards[1:]:
+      stats = ops.merge_stats(stats, s)
+    logp_N, lse_N, mean_z_N = ops.finalize(stats)
+    ref_logp, ref_ent = ops.token_logprobs_reference(h_ND, w_DV, y_N, return_entropy=True, **kw)
+    np.testing.assert_allclose(logp_N, ref_logp, atol=2e-5)
+    np.testing.assert_allclose(lse_N - mean_z_N, ref_ent, atol=2e-5)
+    # The same merge as a collective over a named axis (vmap stands in for shard_map).
+    stacked = jax.tree.map(lambda *x: jnp.stack(x),
+                           *[ops.logprob_stats(h_ND, w_DV[:, a:a + 300], y_N - a, impl="xla",
+                                               with_entropy=True, **kw) for a in (0, 300, 600)])
+    merged = jax.vmap(lambda s: ops.allreduce_stats(s, "v"), axis_name="v")(stacked)
+    np.testing.assert_allclose(ops.finalize(jax.tree.map(lambda x: x[1], merged))[0], ref_logp,
+                               atol=2e-5)
+    grads = [ops.logprob_backward(h_ND, w_DV[:, a:b], y_N - a, lse_N, mean_z_N, g_N, g_ent_N,
+                                  impl="xla", **kw) for a, b in bounds]
+    ref_loss = lambda h, w: jnp.sum(g_N * ops.token_logprobs_reference(h, w, y_N, **kw)) + jnp.sum(
+        g_ent_N * ops.token_logprobs_reference(h, w, y_N, return_entropy=True, **kw)[1])
+    ref_dh, ref_dw = jax.grad(ref_loss, (0, 1))(h_ND, w_DV)
+    np.testing.assert_allclose(sum(g[0] for g in grads), ref_dh, atol=2e-5)
+    np.testing.assert_allclose(jnp.concatenate([g[1] for g in grads], 1), ref_dw, atol=2e-5)
+
+  def test_auto_dispatch(self):
+    self.assertEqual(ops.default_impl("tpu"), "pallas_tpu")
+    self.assertEqual(ops.default_impl("gpu"), "xla")
+    self.assertEqual(ops.default_impl("cpu"), "xla")
+
+  def test_bad_arguments_raise(self):
+    h_ND, w_DV, y_N, _, _ = _inputs(8, 32, 256, "float32")
+    with self.assertRaisesRegex(ValueError, "impl"):
+      ops.token_logprobs(h_ND, w_DV, y_N, impl="cuda")
+    with self.assertRaisesRegex(ValueError, "w_DV"):
+      ops.token_logprobs(h_ND, w_DV.T, y_N)
+    with self.assertRaisesRegex(ValueError, "temperature"):
+      ops.token_logprobs(h_ND, w_DV, y_N, temperature=0.0)
+    with self.assertRaisesRegex(ValueError, "block_sizes"):
+      ops.token_logprobs(h_ND, w_DV, y_N, impl="xla", block_sizes=BLOCKS["pallas_tpu"])
+    with self.assertRaisesRegex(ValueError, "power of two"):
+      ops.token_logprobs(h_ND, w_DV, y_N, impl="pallas_gpu", interpret=True,
+                         block_sizes=pallas_gpu.BlockSizes(rows=24))
+    if jax.default_backend() == "cpu":
+      with self.assertRaisesRegex(ValueError, "interpret"):
+        ops.token_logprobs(h_ND, w_DV, y_N, impl="pallas")
+
+
+class TokenLogprobsPallasTest(parameterized.TestCase):
+  """Compiled Pallas kernels; they need their accelerator (see the Interpret subclass)."""
+  INTERPRET = False
+
+  def _skip_unless_runnable(self, impl):
+    backend = {"pallas_tpu": "tpu", "pallas_gpu": "gpu"}[impl]
+    if not self.INTERPRET and jax.default_backend() != backend:
+      self.skipTest(f"Compiled {impl} needs a {backend}; the Interpret subclass covers CPU.")
+
+  @parameterized.product(impl=("pallas_tpu", "pallas_gpu"), case=CASES)
+  def test_matches_reference(self, impl, case):
+    self._skip_unless_runnable(impl)
+    got = _value_and_grads(impl, case, block_sizes=BLOCKS[impl], interpret=self.INTERPRET)
+    _assert_close(self, got, _value_and_grads("reference", case), case["dtype"])
+
+  @parameterized.parameters("pallas_tpu", "pallas_gpu")
+  def test_stats_match_xla(self, impl):
+    self._skip_unless_runnable(impl)
+    h_ND, w_DV, y_N, _, _ = _inputs(37, 40, 300, "float32")
+    y_N = y_N.at[0].set(-1).at[1].set(300)  # out-of-shard targets contribute t = 0
+    kw = dict(with_entropy=True, softcap=5.0)
+    got = ops.logprob_stats(h_ND, w_DV, y_N, impl=impl, block_sizes=BLOCKS[impl],
+                            interpret=self.INTERPRET, **kw)
+    want = ops.logprob_stats(h_ND, w_DV, y_N, impl="xla", **kw)
+    for name, x, y in zip(common.Stats._fields, got, want):
+      if name in ("l", "a"):  # relative to the running max, which may differ: compare lse
+        continue
+      np.testing.assert_allclose(x, y, atol=1e-5, err_msg=name)
+    np.testing.assert_allclose(ops.finalize(got), ops.finalize(want), atol=2e-5)
+    np.testing.assert_array_equal(got.t[:2], 0.0)
+
+
+class TokenLogprobsPallasInterpretTest(TokenLogprobsPallasTest):
+  INTERPRET = True
+
+
+class LoweringTest(absltest.TestCase):
+  """Pallas → Mosaic (TPU) and Pallas → Triton (GPU) lowering, forward and grad, on CPU."""
+
+  def _export(self, impl, platform, **export_kw):
+    n, d, v = 256, 576, 1000  # D and V not multiples of the tiles, as in SmolLM2 (D = 576)
+
+    def fwd(h, w, y):
+      return ops.token_logprobs(h, w, y, return_entropy=True, impl=impl, softcap=30.0)
+
+    def grad(h, w, y):
+      return jax.grad(lambda h, w: sum(jnp.sum(x) for x in fwd(h, w, y)), (0, 1))(h, w)
+
+    args = (jax.ShapeDtypeStruct((n, d), jnp.bfloat16),
+            jax.ShapeDtypeStruct((d, v), jnp.bfloat16), jax.ShapeDtypeStruct((n,), jnp.int32))
+    return [jax.export.export(jax.jit(f), platforms=[platform], **export_kw)(*args).mlir_module()
+            for f in (fwd, grad)]
+
+  def test_tpu_lowering(self):
+    fwd, grad = self._export("pallas_tpu", "tpu")
+    self.assertEqual(fwd.count("tpu_custom_call"), 1)
+    self.assertEqual(grad.count("tpu_custom_call"), 3)  # forward + dh + dW kernels
+
+  def test_gpu_triton_lowering(self):
+    target = "__gpu$xla.gpu.triton"
+    # Lowering the Triton kernel needs a GPU description; an abstract H100 stands in for it.
+    device = jax.sharding.AbstractDevice(device_kind="NVIDIA H100", num_cores=132,
+                                         platform="gpu")
+    with jax.sharding.use_abstract_mesh(
+        jax.sharding.AbstractMesh((1,), ("x",), abstract_device=device)):
+      fwd, grad = self._export(
+          "pallas_gpu", "cuda",
+          disabled_checks=[jax.export.DisabledSafetyCheck.custom_call(target)])
+    self.assertEqual(fwd.count(target), 1)
+    self.assertEqual(grad.count(target), 3)
+
+
+if __name__ == "__main__":
+  absltest.main()
