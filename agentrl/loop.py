@@ -43,31 +43,16 @@ TIMING_KEYS = ("time/rollout", "time/score", "time/update", "time/step", "tokens
 
 
 class DataStream(Protocol):
-  """A prompt source whose position can be checkpointed (JSON-able) and restored."""
+  """A prompt source whose position can be checkpointed (JSON-able) and restored.
+
+  `agentrl.data.stream.PromptStream` is the usual one.
+  """
 
   def state(self) -> dict[str, Any]:
     ...
 
   def restore(self, state: Mapping[str, Any]) -> None:
     ...
-
-
-class SeedStream:
-  """Consecutive integer seeds for procedurally generated tasks (env.reset(seed))."""
-
-  def __init__(self, start: int = 0):
-    self.next_seed = int(start)
-
-  def take(self, n: int) -> list[int]:
-    seeds = list(range(self.next_seed, self.next_seed + n))
-    self.next_seed += n
-    return seeds
-
-  def state(self) -> dict[str, Any]:
-    return {"next_seed": self.next_seed}
-
-  def restore(self, state: Mapping[str, Any]) -> None:
-    self.next_seed = int(state["next_seed"])
 
 
 @dataclasses.dataclass

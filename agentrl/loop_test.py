@@ -17,6 +17,8 @@ import optax
 from agentrl import advantages
 from agentrl import loop
 from agentrl import types
+from agentrl.data import generators
+from agentrl.data import stream
 
 jax.config.update("jax_numpy_rank_promotion", "raise")
 
@@ -39,12 +41,13 @@ class _Bandit:
   """rollout/score/advantage/update functions of a softmax bandit, plus a data stream."""
 
   def __init__(self, nan_at_step: int | None = None):
-    self.data = loop.SeedStream()
+    self.data = stream.PromptStream(generators.GeneratorSource(lambda s: {"prompt": str(s)}),
+                                    shuffle=False)
     self.nan_at_step = nan_at_step
     self.tx = optax.sgd(0.5)
 
   def rollout(self, params, rng, step):
-    seeds = self.data.take(P)
+    seeds = [entry["seed"] for entry in self.data.take(P)]
     key = jax.random.fold_in(rng, seeds[0])
     arms_B = jax.random.categorical(key, params["logits"], shape=(B,))
     tokens_BT = jnp.stack([jnp.zeros(B, jnp.int32), arms_B.astype(jnp.int32)], axis=1)
@@ -142,14 +145,6 @@ class HelpersTest(absltest.TestCase):
     np.testing.assert_array_equal(in_order[1].tokens_BT[:, 0], [8, 10, 12, 14])
     with self.assertRaisesRegex(ValueError, "minibatches=3 must divide the batch size 8"):
       loop.minibatches(batch, num=3, rng=None)
-
-  def test_seed_stream_state_round_trip(self):
-    stream = loop.SeedStream(5)
-    self.assertEqual(stream.take(3), [5, 6, 7])
-    saved = stream.state()
-    self.assertEqual(stream.take(2), [8, 9])
-    stream.restore(saved)
-    self.assertEqual(stream.take(1), [8])
 
 
 if __name__ == "__main__":

@@ -46,6 +46,8 @@ from agentrl import configs
 from agentrl import loop
 from agentrl import metrics as metrics_lib
 from agentrl import types
+from agentrl.data import generators
+from agentrl.data import stream
 from agentrl.envs import arithmetic
 from agentrl.envs import reasoning_gym_env
 from agentrl.losses import aggregation
@@ -349,11 +351,14 @@ def train(config: mlc.ConfigDict, workdir: str) -> dict:
   # ---- Rollout, data and evaluation.
   sampler = sampler_lib.Sampler(graphdef, pad_id=tok.pad_id)
   make_env = make_task(config)
-  data = loop.SeedStream()
+  # Generator seeds are random per index, so in-order streaming is already a shuffle.
+  data = stream.PromptStream(generators.GeneratorSource(generators.env_prompts(make_env())),
+                             shuffle=False)
 
   def rollout_fn(params, rng, step):
     del step
-    return loop.env_rollout(sampler, params, tok, make_env, data.take(rc.prompts_per_step),
+    seeds = [entry["seed"] for entry in data.take(rc.prompts_per_step)]
+    return loop.env_rollout(sampler, params, tok, make_env, seeds,
                             rng=rng, group_size=rc.group_size, max_turns=1,
                             max_new_tokens=rc.max_new_tokens, max_len=rc.max_len,
                             temperature=rc.temperature, chat_template=config.task.chat_template)

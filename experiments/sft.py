@@ -33,16 +33,17 @@ import optax
 from agentrl import checkpoint
 from agentrl import configs
 from agentrl import metrics as metrics_lib
+from agentrl.data import generators
 from agentrl.envs import arithmetic
 from agentrl.models import policy as policy_lib
 from agentrl.models import tokenizer as tokenizer_lib
 from agentrl.models import transformer
 
-# Disjoint seed ranges: RL prompts use seeds from 0; SFT data, the SFT stopping set and the
-# held-out test set (reported before/after RL) live far above.
-SFT_SEED_BASE = 1_000_000_000
-VALID_SEED_BASE = 1_500_000_000
-EVAL_SEED_BASE = 2_000_000_000
+# Disjoint seed ranges: RL prompts come from [0, HELDOUT_START), the held-out test set
+# (reported before/after RL) from HELDOUT_START on, SFT data and its stopping set above both.
+EVAL_SEED_BASE = generators.HELDOUT_START
+SFT_SEED_BASE = 2**31
+VALID_SEED_BASE = 2**31 + 2**30
 
 
 def get_config(arg: str | None = None) -> mlc.ConfigDict:

@@ -17,8 +17,9 @@ fridge"). Object ids use ALFRED's mangling so AlfredDemangler renders them as "a
 
 `AlfWorldEnv` plays generated problems (cached as *.tw-pddl in the game pool) or real ALFWorld
 game files (`find_games($ALFWORLD_DATA)` lists */game.tw-pddl). Observations, commands and
-rewards are those of `textworld_env.TextWorldEnv` (reward 1.0 when the goal holds);
-info["policy_commands"] is the planner's plan from the current state.
+rewards are those of `textworld_env.TextWorldEnv` (reward 1.0 when the goal holds). With
+policy_commands=True, info["policy_commands"] is the planner's plan from the current state;
+it is off by default because fast-downward replans on every step (0.03-0.3 s).
 
 Requires `pip install alfworld 'textworld[pddl]'` (not part of the `envs` extra: it builds
 fast-downward from source, ~2 min).
@@ -212,11 +213,11 @@ class AlfWorldEnv(textworld_env.TextWorldEnv):
   system_prompt = SYSTEM_PROMPT
 
   def __init__(self, *, task_types=TASK_TYPES, game_files=None, pool: str | None = None,
-               max_turns: int = 50, list_commands: bool = True, max_receptacles: int = 12,
-               max_objects: int = 8):
+               max_turns: int = 50, list_commands: bool = True, policy_commands: bool = False,
+               max_receptacles: int = 12, max_objects: int = 8):
     import_alfworld()
     super().__init__("custom", game_files=game_files, pool=pool, max_turns=max_turns,
-                     list_commands=list_commands)
+                     list_commands=list_commands, policy_commands=policy_commands)
     self.problem_kwargs = dict(task_types=tuple(task_types), max_receptacles=max_receptacles,
                                max_objects=max_objects)
 
@@ -228,6 +229,6 @@ class AlfWorldEnv(textworld_env.TextWorldEnv):
   def _start(self, path: str):
     tw = textworld_env.import_textworld()
     _, _, _, demangler = import_alfworld()
-    infos = tw.EnvInfos(admissible_commands=True, policy_commands=True, won=True, lost=True,
-                        score=True)
+    infos = tw.EnvInfos(admissible_commands=True, policy_commands=self.policy_commands, won=True,
+                        lost=True, score=True)
     return tw.start(path, request_infos=infos, wrappers=[demangler])

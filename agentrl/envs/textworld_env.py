@@ -28,6 +28,7 @@ import os
 import re
 import shutil
 import tempfile
+import warnings
 
 from agentrl.envs import base
 from agentrl.rewards import extract
@@ -143,7 +144,7 @@ class TextWorldEnv:
 
   def __init__(self, kind: str = "coin_collector", *, game_files=None,
                pool_size: int | None = None, pool: str | None = None, max_turns: int = 50,
-               list_commands: bool = True, **settings):
+               list_commands: bool = True, policy_commands: bool = True, **settings):
     if game_files is not None:
       game_files = [str(f) for f in game_files]
       missing = [f for f in game_files if not os.path.isfile(f)]
@@ -156,6 +157,7 @@ class TextWorldEnv:
     self.kind, self.settings, self.game_files = kind, settings, game_files
     self.pool_size, self.pool = pool_size, pool
     self.max_turns, self.list_commands = max_turns, list_commands
+    self.policy_commands = policy_commands
     self._games = {}  # path -> started textworld env, reused across resets
     self._game, self._state = None, None
     self._turn, self._score, self._done = 0, 0.0, True
@@ -168,9 +170,14 @@ class TextWorldEnv:
 
   def _start(self, path: str):
     tw = import_textworld()
-    infos = tw.EnvInfos(admissible_commands=True, policy_commands=True, won=True, lost=True,
-                        intermediate_reward=True, score=True, max_score=True, objective=True)
-    return tw.start(path, request_infos=infos)
+    infos = tw.EnvInfos(admissible_commands=True, policy_commands=self.policy_commands, won=True,
+                        lost=True, intermediate_reward=True, score=True, max_score=True,
+                        objective=True)
+    with warnings.catch_warnings():
+      # Jericho flags every TextWorld-compiled game as "not fully supported"; TextWorld itself
+      # tracks score and moves, so the warning carries no information here.
+      warnings.filterwarnings("ignore", message=".*not fully supported.*")
+      return tw.start(path, request_infos=infos)
 
   def _observation(self, feedback: str, done: bool) -> str:
     obs = clean_observation(feedback)

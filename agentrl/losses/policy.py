@@ -521,7 +521,7 @@ def kl_cov(logp_BT: jax.Array, old_logp_BT: jax.Array, adv_BT: jax.Array, mask_B
   top_BT = valid_BT & (_ranks(jnp.where(valid_BT, -cov_BT, jnp.inf)) < n_top)
   # sign(ℓ)·ℓ = |ℓ| with gradient sign(ℓ), 0 at ℓ = 0 like torch's abs in verl (jnp.abs has
   # gradient 1 there, which would bias the on-policy gradient away from REINFORCE).
-  abs_kl_BT = jnp.abs(log_ratio_BT)
+  abs_kl_BT = jnp.sign(log_ratio_BT) * log_ratio_BT
   loss_BT = -adv_BT * ratio_BT + jnp.where(top_BT, ppo_kl_coef * abs_kl_BT, 0.0)
   metrics = _metrics(ratio_BT, valid_BT, log_ratio_BT, valid_BT, cov_kl_frac=top_BT)
   metrics["ppo_kl_abs"] = _mean(abs_kl_BT, valid_BT)

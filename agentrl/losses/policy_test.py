@@ -491,6 +491,13 @@ class R2vpoTest(absltest.TestCase):
     np.testing.assert_allclose(m["ratio_var"], np.mean((s_B[[0, 2, 3]] - 1) ** 2), rtol=1e-5)
     self.assertEqual(seq.shape, (4, 6))
 
+  def test_multiplier_is_detached(self):
+    logp, old, adv_BT, _, mask = _random_batch()
+    total = lambda lam: _agg(pg.r2vpo(logp, old, adv_BT, mask, lam=lam, delta=0.1)[0], mask,
+                             "token-mean")
+    self.assertEqual(float(jax.grad(total)(1.0)), 0.0)
+    self.assertGreater(float(total(1.0) - total(0.0)), 1e-3)  # yet the penalty is there
+
   def test_dual_update(self):
     self.assertGreater(float(pg.r2vpo_dual_update(1.0, 0.5, delta=0.1, lr=0.1)), 1.0)
     self.assertLess(float(pg.r2vpo_dual_update(1.0, 0.05, delta=0.1, lr=0.1)), 1.0)

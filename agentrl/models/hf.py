@@ -225,7 +225,7 @@ class _Gguf:
     if self.arch == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
       heads = self.cfg.heads if "q_proj" in name else self.cfg.kv_heads
       # Undo llama.cpp's permutation of rotary rows from halves to interleaved pairs.
-      x = x.reshape(heads, 2, x.shape[0] // heads // 2, *x.shape[1:]).swapaxes(1, 2)
+      x = x.reshape(heads, x.shape[0] // heads // 2, 2, *x.shape[1:]).swapaxes(1, 2)
       x = x.reshape(self.shape(name))
     if self.arch.startswith("gemma") and name.endswith("norm.weight"):
       x = x - 1.0  # llama.cpp stores Gemma's (1 + w) norm weights with the 1 added
@@ -235,7 +235,7 @@ class _Gguf:
 def _read(source, cfg: transformer.Config):
   """Reads, checks and converts every tensor the config needs into a params pure dict."""
   graphdef, state = _abstract_state(cfg)
-  abstract = state.to_pure_dict()
+  abstract = nnx.to_pure_dict(state)
   available = source.names()
   alias = _aliases(available)
   values, used = {}, set()
@@ -338,9 +338,9 @@ def save(config: transformer.Config, params, path) -> None:
   hf = config_to_hf(config)
   if isinstance(params, nnx.Module):
     params = nnx.state(params, nnx.Param)
-  pure = params.to_pure_dict() if hasattr(params, "to_pure_dict") else params
+  pure = params if isinstance(params, dict) else nnx.to_pure_dict(params)
   _, abstract_state = _abstract_state(config)
-  abstract = abstract_state.to_pure_dict()
+  abstract = nnx.to_pure_dict(abstract_state)
   expected = set(_leaf_paths(abstract))
   got = set(_leaf_paths(pure))
   if got != expected:

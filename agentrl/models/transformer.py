@@ -135,7 +135,8 @@ def init_cache(cfg: Config, batch: int, max_len: int, dtype=None) -> KVCache:
                  pos_BS=jnp.zeros((batch, max_len), jnp.int32))
 
 
-def _param(value: jax.Array, names: tuple[str, ...]) -> nnx.Param:
+def logical_param(value: jax.Array, names: tuple[str, ...]) -> nnx.Param:
+  """An nnx.Param carrying logical axis names (sharded at creation only if a mesh is set)."""
   # Flax shards a Param at creation when a mesh is set and raises without one; with no mesh
   # the logical names are kept as metadata only, so models also run unsharded.
   eager = None if not jax.sharding.get_abstract_mesh().empty else False
@@ -144,11 +145,11 @@ def _param(value: jax.Array, names: tuple[str, ...]) -> nnx.Param:
 
 def _normal(rngs: nnx.Rngs, cfg: Config, shape, names, fan_in: int) -> nnx.Param:
   w = jax.random.normal(rngs.params(), shape, jnp.float32) / math.sqrt(fan_in)
-  return _param(w.astype(cfg.param_dtype), names)
+  return logical_param(w.astype(cfg.param_dtype), names)
 
 
 def _const(cfg: Config, value: float, shape, names) -> nnx.Param:
-  return _param(jnp.full(shape, value, cfg.param_dtype), names)
+  return logical_param(jnp.full(shape, value, cfg.param_dtype), names)
 
 
 class Attention(nnx.Module):
@@ -381,7 +382,7 @@ class Transformer(nnx.Module):
   def _run_layers(self, x_BTD, positions_BT, masks, kv):
     """Scans the stacked layers. kv is None (no cache) or (k_LBSHK, v_LBSHK, write index)."""
     cfg = self.cfg
-    params = nnx.state(self.layers, nnx.Param).to_pure_dict()
+    params = nnx.to_pure_dict(nnx.state(self.layers, nnx.Param))
     has_local = any(cfg.local_layers)
     rope_global = _rope_tables(cfg, positions_BT, local=False)
     rope_local = _rope_tables(cfg, positions_BT, local=True) if has_local else rope_global

@@ -67,14 +67,33 @@ class SampleOutput:
   num_steps: int             # tokens per row the program generated before every row was done
 
 
+def _top_p_keep(z_BV, top_p):
+  """Nucleus of each row without sorting V: keep {p_i >= c}, c the largest with mass >= top_p.
+
+  The kept mass is a step function of c that changes only at the p_i, so the largest valid c
+  is one of the p_i: the smallest set of most likely tokens whose mass reaches top_p (ties at
+  c kept). Non-negative float32s order like their int32 bit patterns, so bisection over the
+  bits finds c exactly in 31 masked sums, ~10x cheaper than a full sort of V on CPU.
+  """
+  probs_BV = jax.nn.softmax(z_BV, axis=-1)
+  as_float = lambda bits_B: jax.lax.bitcast_convert_type(bits_B, jnp.float32)[:, None]
+
+  def step(_, lo_hi):
+    lo_B, hi_B = lo_hi              # invariant: mass(lo) >= top_p > mass(hi)
+    mid_B = lo_B + (hi_B - lo_B) // 2
+    ok_B = jnp.sum(jnp.where(probs_BV >= as_float(mid_B), probs_BV, 0.0), axis=-1) >= top_p
+    return jnp.where(ok_B, mid_B, lo_B), jnp.where(ok_B, hi_B, mid_B)
+
+  hi_B = jax.lax.bitcast_convert_type(probs_BV.max(axis=-1), jnp.int32) + 1
+  lo_B, _ = jax.lax.fori_loop(0, 31, step, (jnp.zeros_like(hi_B), hi_B))
+  return probs_BV >= as_float(lo_B)
+
+
 def _filter_logits(z_BV, top_p, *, top_k: int, use_top_p: bool):
   """Masks (to -inf) the tokens that top-k and then top-p remove; ties at a cutoff are kept."""
-  if top_k <= 0 and not use_top_p:
-    return z_BV
-  if top_k > 0:
-    sorted_BK = jax.lax.top_k(z_BV, min(top_k, z_BV.shape[-1]))[0]   # descending
-  else:
-    sorted_BK = -jnp.sort(-z_BV, axis=-1)
+  if top_k <= 0:
+    return jnp.where(_top_p_keep(z_BV, top_p), z_BV, -jnp.inf) if use_top_p else z_BV
+  sorted_BK = jax.lax.top_k(z_BV, min(top_k, z_BV.shape[-1]))[0]   # descending
   if use_top_p:
     # top-p acts on the top-k-renormalized distribution (HF order: top-k, then top-p). Keep
     # the smallest prefix whose mass reaches top_p: a token stays if the mass before it < p.
@@ -87,11 +106,24 @@ def _filter_logits(z_BV, top_p, *, top_k: int, use_top_p: bool):
   return jnp.where(z_BV < cutoff_B[:, None], -jnp.inf, z_BV)
 
 
+def categorical(keys_B, z_BV):
+  """One draw per row from softmax(z_BV) (-inf entries are never drawn), by inverse CDF.
+
+  Token j is drawn iff cdf[j-1] < u * total <= cdf[j] with u ~ U(0, 1], so P(j) = p_j
+  exactly. One uniform per row instead of Gumbel-max's V of them: ~4x cheaper on CPU for
+  V = 49k, where the per-row random bits dominated the sampling step.
+  """
+  p_BV = jnp.exp(z_BV - jnp.max(z_BV, axis=-1, keepdims=True))
+  cdf_BV = jnp.cumsum(p_BV, axis=-1)
+  u_B = 1.0 - jax.vmap(jax.random.uniform)(keys_B)           # (0, 1]: u * total > 0
+  return jnp.sum(cdf_BV < (u_B * cdf_BV[:, -1])[:, None], axis=-1).astype(jnp.int32)
+
+
 def _sample(logits_BV, keys_B, greedy_B, temperature, top_p, *, top_k, use_top_p, logp_mode):
   """One sampling step: (token_B int32, logp_B float32)."""
   z_BV = logits_BV.astype(jnp.float32) / temperature
   filtered_BV = _filter_logits(z_BV, top_p, top_k=top_k, use_top_p=use_top_p)
-  sampled_B = jax.vmap(jax.random.categorical)(keys_B, filtered_BV)
+  sampled_B = categorical(keys_B, filtered_BV)
   tok_B = jnp.where(greedy_B, jnp.argmax(z_BV, axis=-1), sampled_B).astype(jnp.int32)
   src_BV = z_BV if logp_mode == "tempered" else filtered_BV
   logp_BV = jax.nn.log_softmax(src_BV, axis=-1)

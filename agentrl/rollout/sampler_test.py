@@ -114,6 +114,27 @@ class SamplerTest(absltest.TestCase):
                      max_new_tokens=5)
     self.assertEqual(sampler.num_traces, 2)      # prompt bucket 32 is a new program
 
+  def test_categorical_frequencies_match_softmax(self):
+    z_V = jnp.log(jnp.array([0.1, 0.0, 0.6, 0.3]))              # token 1 has probability 0
+    keys_N = jax.random.split(jax.random.key(0), 20000)
+    draws_N = sampler_lib.categorical(keys_N, jnp.broadcast_to(z_V, (20000, 4)))
+    freq_V = np.bincount(np.asarray(draws_N), minlength=4) / 20000
+    np.testing.assert_allclose(freq_V, [0.1, 0.0, 0.6, 0.3], atol=0.015)
+    self.assertEqual(freq_V[1], 0.0)
+
+  def test_top_p_bisection_equals_sorted_nucleus(self):
+    z_BV = np.array(jax.random.normal(jax.random.key(1), (6, 300)) * 3.0)
+    z_BV[5, :10] = z_BV[5].max() + 1.0                            # ties at the top
+    for top_p in (0.01, 0.3, 0.9, 0.999):
+      keep_BV = np.asarray(sampler_lib._top_p_keep(jnp.asarray(z_BV), top_p))
+      for z_V, keep_V in zip(z_BV, keep_BV):
+        p_V = np.exp(z_V - z_V.max()) / np.exp(z_V - z_V.max()).sum()
+        order = np.argsort(-p_V, kind="stable")
+        n = int(np.searchsorted(np.cumsum(p_V[order]), top_p) + 1)  # smallest prefix >= p
+        expected_V = p_V >= p_V[order][n - 1]                      # plus ties at the cutoff
+        np.testing.assert_array_equal(keep_V, expected_V, err_msg=f"top_p={top_p}")
+      self.assertTrue(keep_BV.sum() < keep_BV.size)                 # something was removed
+
   def test_bucket(self):
     self.assertEqual([sampler_lib.bucket(n, 16) for n in (1, 16, 17, 33)], [16, 16, 32, 64])
     self.assertEqual([sampler_lib.bucket(n) for n in (1, 3, 4, 5)], [1, 4, 4, 8])

@@ -1,0 +1,129 @@
+"""Tests for agentrl.envs.hidden_rule: each family is solvable through interaction."""
+import re
+
+from absl.testing import absltest
+from absl.testing import parameterized
+
+from agentrl.envs import hidden_rule
+
+
+def _solve_transform(env, intro):
+  target = int(re.search(r"What is f\((\d+)\)", intro).group(1))
+  f = [int(env.step(f"query {x}")[0].split("=")[1]) for x in (0, 1, 2)]
+  b = f[0]
+  if f[2] - b == 2 * (f[1] - b):     # linear: f(2) - f(0) = 2 a
+    value = (f[1] - b) * target + b
+  else:                               # quadratic: f(1) - f(0) = a
+    value = (f[1] - b) * target * target + b
+  return env.step(f"Let me answer.\nanswer {value}")
+
+
+def _solve_guess(env, intro):
+  del intro
+  lo, hi = 1, 100
+  while True:
+    mid = (lo + hi) // 2
+    obs, reward, done, info = env.step(f"<action>guess {mid}</action>")
+    if done:
+      return obs, reward, done, info
+    lo, hi = (mid + 1, hi) if "higher" in obs else (lo, mid - 1)
+
+
+def _solve_cipher(env, intro):
+  secret = re.search(r"secret word '(\w+)'", intro).group(1)
+  key = {}
+  for chunk in ("abc", "def", "gh"):
+    encoded = env.step(f"encode {chunk}")[0].split("= ")[1]
+    key.update(zip(encoded, chunk))
+  return env.step("answer " + "".join(key[c] for c in secret))
+
+
+SOLVERS = {"transform": _solve_transform, "guess": _solve_guess, "cipher": _solve_cipher}
+
+
+class HiddenRuleTest(parameterized.TestCase):
+
+  @parameterized.parameters(*SOLVERS)
+  def test_solvable_through_interaction(self, family):
+    env = hidden_rule.HiddenRuleEnv(family, max_turns=8)
+    for seed in range(10):
+      intro = env.reset(seed)
+      _, reward, done, info = SOLVERS[family](env, intro)
+      self.assertEqual((reward, done, info["success"]), (1.0, True, True), (family, seed))
+
+  @parameterized.parameters(*hidden_rule.FAMILIES)
+  def test_gold_answer_scores_one_and_wrong_scores_zero(self, family):
+    env = hidden_rule.HiddenRuleEnv(family)
+    verb = "guess" if family == "guess" else "answer"
+    env.reset(1)
+    _, reward, done, info = env.step(f"{verb} {env.answer}")
+    self.assertEqual((reward, done, info["success"]), (1.0, True, True))
+    env.reset(1)
+    wrong = "0" if family != "cipher" else "zzzz"
+    obs, reward, done, info = env.step(f"answer {wrong}" if family != "guess" else "guess 0")
+    self.assertEqual((reward, info["success"]), (0.0, False))
+    if family == "guess":  # 0 is out of range: an error observation, the game goes on
+      self.assertFalse(done)
+      self.assertIn("outside", info["error"])
+    else:
+      self.assertTrue(done)
+      self.assertIn(f"The answer was {env.answer}", obs)
+
+  def test_category_feedback_and_candidate_guard(self):
+    env = hidden_rule.HiddenRuleEnv("category")
+    intro = env.reset(4)
+    candidates = [int(x) for x in re.search(r"Exactly one of \[(.*?)\]", intro).group(1)
+                  .split(",")]
+    self.assertIn(int(env.answer), candidates)
+    obs, _, done, info = env.step(f"test {candidates[0]}")
+    self.assertIn("may not be tested", info["error"])
+    self.assertFalse(done)
+    probe = next(x for x in range(1, 61) if x not in candidates)
+    obs, reward, done, info = env.step(f"test {probe}")
+    self.assertRegex(obs, rf"^{probe} (follows|does not follow) the rule\.$")
+    self.assertEqual((reward, done, info["error"]), (0.0, False, ""))
+
+  def test_deterministic_per_seed(self):
+    env = hidden_rule.HiddenRuleEnv()
+    self.assertEqual(env.reset(11), env.reset(11))
+    self.assertGreater(len({(env.reset(s), env.answer) for s in range(20)}), 15)
+    families = set()
+    for seed in range(40):
+      intro = env.reset(seed)
+      families.add(next(f for f, word in (("transform", "secret function"),
+                                          ("guess", "thinking of"), ("cipher", "cipher"),
+                                          ("category", "secret rule")) if word in intro))
+    self.assertEqual(families, set(hidden_rule.FAMILIES))
+
+  def test_invalid_commands_are_error_observations(self):
+    env = hidden_rule.HiddenRuleEnv("transform", max_turns=3, invalid_penalty=-0.1)
+    for action in ("", "dance", "query banana", "query 99999999", "__import__('os')"):
+      env.reset(0)
+      obs, reward, done, info = env.step(action)
+      self.assertTrue(obs.startswith("Error:"), action)
+      self.assertEqual((reward, done), (-0.1, False))
+      self.assertTrue(info["error"])
+    env.reset(0)
+    env.step("dance")
+    env.step("dance")
+    obs, _, done, info = env.step("dance")
+    self.assertTrue(done)  # the third turn of max_turns=3 ends the episode
+    self.assertFalse(info["success"])
+    self.assertIn("Out of turns", obs)
+
+  @parameterized.parameters(
+      ("answer 12", ("answer", "12")), ("Answer: 12.", ("answer", "12")),
+      ("think...\n`query -5`", ("query", "-5")), ("<action>encode abc</action> bye", (
+          "encode", "abc")), ("", None), ("12", None))
+  def test_parse_command(self, text, want):
+    self.assertEqual(hidden_rule.parse_command(text), want)
+
+  def test_bad_arguments(self):
+    with self.assertRaisesRegex(ValueError, "family"):
+      hidden_rule.HiddenRuleEnv("riddles")
+    with self.assertRaisesRegex(ValueError, "max_turns"):
+      hidden_rule.HiddenRuleEnv(max_turns=1)
+
+
+if __name__ == "__main__":
+  absltest.main()

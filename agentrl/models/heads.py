@@ -1,0 +1,74 @@
+# pylint: disable=invalid-name
+"""Scalar heads on a decoder: a per-token value (PPO critic) and a sequence reward model.
+
+Shared backbone: apply a head to the policy's hidden states,
+  value_BT = value_head(policy.hidden(tokens_BT, positions_BT, input_mask_BT))
+(wrap the hidden states in `jax.lax.stop_gradient` to keep critic gradients out of the policy).
+Separate backbone: `ValueModel` / `RewardModel` hold their own `transformer.Transformer`
+(e.g. loaded with `hf.load_model` and merged with a fresh head).
+
+The reward of a sequence is read at its last real token (the input mask's last 1), so left-
+and right-padded batches give the same score, as in Ouyang et al. (2022) reward models.
+"""
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from agentrl.models import transformer
+
+
+def last_token_index(input_mask_BT: jax.Array) -> jax.Array:
+  """Int32 [B] index of the last position whose mask is set (T - 1 for an empty row)."""
+  t = input_mask_BT.shape[1]
+  return (t - 1 - jnp.argmax(input_mask_BT[:, ::-1].astype(bool), axis=1)).astype(jnp.int32)
+
+
+class ValueHead(nnx.Module):
+  """value_BT = h_BTD · w + b in float32; value at t is computed from tokens <= t."""
+
+  def __init__(self, width: int, *, param_dtype=jnp.float32, rngs: nnx.Rngs | None = None):
+    del rngs  # zero init: a fresh critic predicts 0 everywhere, and w still gets gradient h
+    self.w_D = transformer.logical_param(jnp.zeros((width,), param_dtype), ("embed",))
+    self.b = transformer.logical_param(jnp.zeros((), param_dtype), ())
+
+  def __call__(self, h_BTD: jax.Array) -> jax.Array:
+    value_BT = jnp.einsum("btd,d->bt", h_BTD.astype(jnp.float32),
+                          self.w_D[...].astype(jnp.float32))
+    return value_BT + self.b[...].astype(jnp.float32)
+
+
+class RewardHead(nnx.Module):
+  """reward_B = (h · w + b) at each row's last real token, float32."""
+
+  def __init__(self, width: int, *, param_dtype=jnp.float32, rngs: nnx.Rngs | None = None):
+    self.score = ValueHead(width, param_dtype=param_dtype, rngs=rngs)
+
+  def __call__(self, h_BTD: jax.Array, input_mask_BT: jax.Array) -> jax.Array:
+    idx_B = last_token_index(input_mask_BT)
+    h_BD = jnp.take_along_axis(h_BTD, idx_B[:, None, None], axis=1)[:, 0]
+    return self.score(h_BD[:, None])[:, 0]
+
+
+class ValueModel(nnx.Module):
+  """A critic with its own backbone: tokens -> value_BT."""
+
+  def __init__(self, cfg: transformer.Config, *, rngs: nnx.Rngs):
+    self.backbone = transformer.Transformer(cfg, rngs=rngs)
+    self.head = ValueHead(cfg.width, param_dtype=cfg.param_dtype, rngs=rngs)
+
+  def __call__(self, tokens_BT, positions_BT, input_mask_BT=None) -> jax.Array:
+    return self.head(self.backbone.hidden(tokens_BT, positions_BT, input_mask_BT))
+
+
+class RewardModel(nnx.Module):
+  """A reward model with its own backbone: tokens -> reward_B (at the last real token)."""
+
+  def __init__(self, cfg: transformer.Config, *, rngs: nnx.Rngs):
+    self.backbone = transformer.Transformer(cfg, rngs=rngs)
+    self.head = RewardHead(cfg.width, param_dtype=cfg.param_dtype, rngs=rngs)
+
+  def __call__(self, tokens_BT, positions_BT, input_mask_BT=None) -> jax.Array:
+    if input_mask_BT is None:
+      input_mask_BT = jnp.ones(tokens_BT.shape, bool)
+    h_BTD = self.backbone.hidden(tokens_BT, positions_BT, input_mask_BT)
+    return self.head(h_BTD, input_mask_BT)

@@ -1,0 +1,194 @@
+# pylint: disable=invalid-name
+"""Tests of the decoder: preset sizes, KV-cache decoding, causality, dtypes, sharding names."""
+import dataclasses
+
+from absl.testing import absltest
+from absl.testing import parameterized
+from flax import nnx
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from agentrl.models import presets
+from agentrl.models import transformer
+
+jax.config.update("jax_numpy_rank_promotion", "raise")
+
+# Every family feature at once: sliding windows with a local RoPE base, soft-caps, q/k norm,
+# q/k/v biases, post-norms, (1 + w) norms, scaled embeddings, GeGLU, untied unembedding.
+KITCHEN_SINK = dict(sliding_window=3, sliding_window_pattern=2, rope_local_theta=100.0,
+                    rope_scaling="linear", rope_factor=2.0, attn_logit_softcap=5.0,
+                    final_logit_softcap=3.0, qk_norm=True, qkv_bias=True, post_norms=True,
+                    norm_plus_one=True, embed_scale=True, act="gelu_tanh",
+                    query_pre_attn_scalar=24.0, tie_embeddings=False)
+
+
+def _randomize(model, seed=0):
+  """Non-trivial values for every parameter (norms and biases start at constants)."""
+  graphdef, state = nnx.split(model)
+  leaves, treedef = jax.tree.flatten(state)
+  keys = jax.random.split(jax.random.key(seed), len(leaves))
+  leaves = [x + 0.3 * jax.random.normal(k, x.shape, x.dtype) for x, k in zip(leaves, keys)]
+  return nnx.merge(graphdef, jax.tree.unflatten(treedef, leaves))
+
+
+def _left_padded_batch(vocab, seed=0):
+  mask_BT = np.ones((3, 9), bool)
+  mask_BT[1, :2] = False
+  mask_BT[2, :6] = False
+  tokens_BT = np.where(mask_BT, np.random.default_rng(seed).integers(0, vocab, (3, 9)), 0)
+  positions_BT = np.maximum(np.cumsum(mask_BT, axis=1) - 1, 0)
+  return jnp.asarray(tokens_BT, jnp.int32), jnp.asarray(positions_BT, jnp.int32), jnp.asarray(
+      mask_BT)
+
+
+def _num_params(cfg):
+  model = nnx.eval_shape(lambda: transformer.Transformer(cfg, rngs=nnx.Rngs(0)))
+  return sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
+
+
+class ConfigTest(parameterized.TestCase):
+
+  @parameterized.parameters(*sorted(presets.PUBLISHED_PARAMS))
+  def test_preset_parameter_count_matches_release(self, name):
+    self.assertEqual(_num_params(transformer.Config.named(name)), presets.PUBLISHED_PARAMS[name])
+
+  def test_rounded_published_counts(self):
+    for name, (total_b, non_embed_b) in presets.PUBLISHED_PARAMS_ROUNDED.items():
+      cfg = transformer.Config.named(name)
+      total = _num_params(cfg)
+      self.assertAlmostEqual(total / 1e9, total_b, delta=0.005)
+      self.assertAlmostEqual((total - cfg.vocab * cfg.width) / 1e9, non_embed_b, delta=0.005)
+
+  def test_every_preset_builds_abstractly(self):
+    for name in presets.PRESETS:
+      self.assertGreater(_num_params(transformer.Config.named(name)), 0)
+
+  def test_named_overrides_and_errors(self):
+    cfg = transformer.Config.named("tiny", depth=3, dtype="bfloat16")
+    self.assertEqual((cfg.depth, cfg.dtype), (3, jnp.bfloat16))
+    with self.assertRaisesRegex(ValueError, "Unknown model preset 'nope'"):
+      transformer.Config.named("nope")
+    with self.assertRaisesRegex(ValueError, r"Unknown Config field\(s\) \['widht'\]"):
+      transformer.Config.named("tiny", widht=3)
+    with self.assertRaisesRegex(ValueError, "kv_heads=3"):
+      transformer.Config.named("tiny", kv_heads=3)
+    with self.assertRaisesRegex(ValueError, "family='gpt2'"):
+      transformer.Config.named("tiny", family="gpt2")
+
+  def test_local_layer_pattern(self):
+    cfg = transformer.Config.named("gemma-3-1b")
+    self.assertEqual(cfg.local_layers[:6], (True,) * 5 + (False,))
+    self.assertEqual(sum(cfg.local_layers), 26 - 4)
+    self.assertFalse(any(transformer.Config.named("tiny").local_layers))
+
+  def test_llama3_rope_rescales_only_low_frequencies(self):
+    cfg = transformer.Config.named("llama-3.1-8b")
+    plain = dataclasses.replace(cfg, rope_scaling="default")
+    ratio = transformer._inv_freq(plain, False) / transformer._inv_freq(cfg, False)  # pylint: disable=protected-access
+    np.testing.assert_allclose(ratio[:20], 1.0)      # wavelength < 8192 / 4: untouched
+    np.testing.assert_allclose(ratio[-10:], 8.0, rtol=1e-6)  # wavelength > 8192: / factor
+    self.assertNotEmpty(ratio[(ratio > 1.0 + 1e-3) & (ratio < 8.0 - 1e-3)])  # smoothed band
+
+
+class TransformerTest(parameterized.TestCase):
+
+  def test_kv_cache_decode_matches_full_forward(self):
+    cfg = transformer.Config.named("tiny", **KITCHEN_SINK)
+    model = _randomize(transformer.Transformer(cfg, rngs=nnx.Rngs(0)))
+    graphdef, params = nnx.split(model)
+    tokens_BT, positions_BT, mask_BT = _left_padded_batch(cfg.vocab)
+
+    @jax.jit
+    def run(params):
+      m = nnx.merge(graphdef, params)
+      full_BTV = m(tokens_BT, positions_BT, mask_BT)
+      alone_BTV = m(tokens_BT[2:, 6:], positions_BT[2:, 6:], mask_BT[2:, 6:])
+      cache = transformer.init_cache(cfg, 3, 12)
+      # Prefill 6 tokens, a 2-token chunk, then a single token (the sampler's pattern).
+      chunks = []
+      for lo, hi in [(0, 6), (6, 8), (8, 9)]:
+        out_BTV, cache = m.decode(tokens_BT[:, lo:hi], positions_BT[:, lo:hi],
+                                  mask_BT[:, lo:hi], cache, lo)
+        chunks.append(out_BTV)
+      return full_BTV, alone_BTV, jnp.concatenate(chunks, axis=1), cache
+
+    full_BTV, alone_BTV, decoded_BTV, cache = run(params)
+    self.assertEqual(full_BTV.dtype, jnp.float32)
+    mask = np.asarray(mask_BT)
+    np.testing.assert_allclose(decoded_BTV[mask], full_BTV[mask], atol=2e-5, rtol=1e-5)
+    np.testing.assert_array_equal(cache.valid_BS[:, :9], mask)
+    np.testing.assert_array_equal(cache.pos_BS[:, :9], positions_BT)
+    self.assertFalse(cache.valid_BS[:, 9:].any())
+    # Not vacuous: rows differ, and padding changes nothing for the real tokens of row 2.
+    self.assertGreater(float(jnp.abs(full_BTV[0, -1] - full_BTV[1, -1]).max()), 1e-3)
+    np.testing.assert_allclose(alone_BTV[0], full_BTV[2, 6:], atol=2e-5, rtol=1e-5)
+
+  def test_causality_by_gradient(self):
+    # Untied, with distinct tokens: embedding row tokens[s] only feeds position s, so the
+    # gradient of the logits at t with respect to it is zero exactly when s > t or s is pad.
+    cfg = transformer.Config.named("tiny", **KITCHEN_SINK)
+    model = _randomize(transformer.Transformer(cfg, rngs=nnx.Rngs(1)))
+    graphdef, params = nnx.split(model)
+    tokens_BT = jnp.arange(10, 18, dtype=jnp.int32)[None]
+    mask_BT = jnp.array([[False, True, True, True, True, True, True, True]])
+    positions_BT = jnp.maximum(jnp.cumsum(mask_BT, axis=1) - 1, 0)
+
+    def grads(params, t):
+      def f(params):
+        return nnx.merge(graphdef, params)(tokens_BT, positions_BT, mask_BT)[0, t].sum()
+      g_VD = jax.grad(f)(params)["embedding_VD"][...]
+      return jnp.abs(g_VD[tokens_BT[0]]).sum(-1)
+
+    g = jax.jit(grads)
+    for t in (3, 6):
+      per_pos = np.asarray(g(params, t))
+      np.testing.assert_array_equal(per_pos[t + 1:], 0.0)
+      self.assertEqual(per_pos[0], 0.0)                     # padding
+      self.assertTrue(np.all(per_pos[1:t + 1] > 0.0))       # real past and present tokens
+
+  def test_remat_checkpoints_each_layer(self):
+    def loss(cfg):
+      model = transformer.Transformer(cfg, rngs=nnx.Rngs(0))
+      graphdef, params = nnx.split(model)
+      f = lambda p: nnx.merge(graphdef, p)(jnp.zeros((1, 4), jnp.int32), jnp.zeros((1, 4))).sum()
+      return str(jax.make_jaxpr(jax.grad(f))(params))
+    cfg = transformer.Config.named("tiny")
+    self.assertIn("checkpoint", loss(dataclasses.replace(cfg, remat=True)))
+    self.assertNotIn("checkpoint", loss(cfg))
+
+  def test_dtypes(self):
+    cfg = transformer.Config.named("tiny", param_dtype="bfloat16", dtype="bfloat16")
+    model = nnx.eval_shape(lambda: transformer.Transformer(cfg, rngs=nnx.Rngs(0)))
+    self.assertEqual(model.layers.attn.q_LDHK.value.dtype, jnp.bfloat16)
+    tokens_BT = jnp.zeros((1, 4), jnp.int32)
+    positions_BT = jnp.arange(4)[None]
+    graphdef, params = nnx.split(model)
+    call = lambda method: jax.eval_shape(
+        lambda p: getattr(nnx.merge(graphdef, p), method)(tokens_BT, positions_BT), params)
+    logits_BTV = call("__call__")
+    self.assertEqual(logits_BTV.dtype, jnp.float32)
+    self.assertEqual(logits_BTV.shape, (1, 4, cfg.vocab))
+    self.assertEqual(call("hidden").dtype, jnp.bfloat16)
+    self.assertEqual(jax.eval_shape(lambda p: nnx.merge(graphdef, p).unembed_DV(), params).shape,
+                     (cfg.width, cfg.vocab))
+    self.assertEqual(transformer.init_cache(cfg, 2, 8).k_LBSHK.shape, (2, 2, 8, 2, 16))
+
+  def test_logical_axis_names_shard_on_a_mesh(self):
+    mesh = jax.make_mesh((2, 2, 2), ("data", "fsdp", "tensor"),
+                         axis_types=(jax.sharding.AxisType.Auto,) * 3)
+    rules = [("embed", "fsdp"), ("mlp", "tensor"), ("heads", "tensor"), ("vocab", "tensor"),
+             ("kv_heads", None), ("head_dim", None), ("layers", None)]
+    cfg = transformer.Config.named("tiny", tie_embeddings=False)
+    with jax.set_mesh(mesh), nnx.logical_axis_rules(rules):
+      abstract = nnx.eval_shape(lambda: transformer.Transformer(cfg, rngs=nnx.Rngs(0)))
+      specs = nnx.get_named_sharding(nnx.state(abstract, nnx.Param), mesh)
+    P = jax.sharding.PartitionSpec
+    self.assertEqual(specs["embedding_VD"].spec, P("tensor", "fsdp"))
+    self.assertEqual(specs["lm_head_DV"].spec, P("fsdp", "tensor"))
+    self.assertEqual(specs["layers"]["mlp"]["up_LDF"].spec, P(None, "fsdp", "tensor"))
+    self.assertEqual(specs["layers"]["attn"]["q_LDHK"].spec, P(None, "fsdp", "tensor", None))
+
+
+if __name__ == "__main__":
+  absltest.main()
