@@ -254,7 +254,7 @@ def sapo(logp_BT: jax.Array, old_logp_BT: jax.Array, adv_BT: jax.Array, mask_BT:
 def gspo_token(logp_BT: jax.Array, old_logp_BT: jax.Array, adv_BT: jax.Array,
                mask_BT: jax.Array, *, eps_low: float = 3e-4,
                eps_high: float = 4e-4) -> tuple[jax.Array, Metrics]:
-  """GSPO-token (Zheng et al. 2025, arXiv 2507.18071, eq. 13), per token [B, T].
+  """GSPO-token (Zheng et al. 2025, arXiv 2507.18071), per token [B, T].
 
   s_{i,t} = sg(s_i) · π(y_t)/sg(π(y_t)) (`ratios.sequence_token_log_ratio`, log clamped at 10);
   L_t = max(−A_t s, −A_t clip(s, 1 − eps_low, 1 + eps_high)), no dual clip. Defaults are the
@@ -283,7 +283,7 @@ def _seq_ppo(log_ratio_B, adv_B, valid_B, lo: float, hi: float):
 
 def gspo(logp_BT: jax.Array, old_logp_BT: jax.Array, adv_B: jax.Array, mask_BT: jax.Array, *,
          eps_low: float = 3e-4, eps_high: float = 4e-4) -> tuple[jax.Array, Metrics]:
-  """GSPO, sequence form (arXiv 2507.18071, eq. 5–7), per sequence [B].
+  """GSPO, sequence form (Zheng et al. 2025, arXiv 2507.18071), per sequence [B].
 
   s_i = exp(min((1/|y_i|) Σ_t m ℓ_t, 10)); L_i = max(−A_i s_i, −A_i clip(s_i, 1 − eps_low,
   1 + eps_high)). Aggregate with "seq-mean" over non-empty rows. Fractions are over rows.
@@ -291,7 +291,7 @@ def gspo(logp_BT: jax.Array, old_logp_BT: jax.Array, adv_B: jax.Array, mask_BT: 
   valid_BT = _check(logp_BT, old_logp_BT, mask_BT)
   _clip_bounds(eps_low, eps_high)
   if not eps_low < 1.0:
-    raise ValueError(f"GSPO needs eps_low < 1 (clip window [1 - eps_low, 1 + eps_high]); got {eps_low}.")
+    raise ValueError(f"GSPO needs eps_low < 1 (window [1 - eps_low, 1 + eps_high]); got {eps_low}.")
   adv_B, valid_B = _seq_adv(adv_B, mask_BT), valid_BT.any(-1)
   log_ratio_B = jnp.minimum(ratios.sequence_log_ratio(logp_BT, old_logp_BT, mask_BT), 10.0)
   loss_B = _seq_ppo(log_ratio_B, adv_B, valid_B, math.log(1 - eps_low), math.log(1 + eps_high))

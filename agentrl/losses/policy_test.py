@@ -527,7 +527,15 @@ class ClipCovTest(absltest.TestCase):
       np.testing.assert_allclose(loss, [[-3.6, -3., 3., 0.]], rtol=1e-6)  # only token 3 out
 
 
-class ErrorsTest(absltest.TestCase):
+class ArgumentsTest(absltest.TestCase):
+
+  def test_sequence_forms_accept_token_advantages(self):
+    logp, old, _, adv_B, mask = _random_batch()
+    for fn, kw in [(pg.gspo, {}), (pg.gmpo, {}), (pg.holder_po, dict(p=2.0))]:
+      want, _ = fn(logp, old, adv_B, mask, **kw)
+      got, _ = fn(logp, old, adv_B[:, None], mask, **kw)
+      np.testing.assert_allclose(got, want, rtol=1e-6)
+      self.assertGreater(np.abs(np.asarray(want)).max(), 0.1)
 
   def test_bad_arguments_are_named(self):
     logp, old, adv_BT, adv_B, mask = _random_batch()

@@ -134,9 +134,10 @@ def config_from_hf(hf: dict, *, where: str = "config.json", **overrides) -> tran
   width, heads = int(get("hidden_size")), int(get("num_attention_heads"))
   depth = int(get("num_hidden_layers"))
   fields = _family_fields(family)
-  act = get("hidden_activation", None) or get("hidden_act", "silu")
-  if family.startswith("gemma"):
-    act = "gelu_pytorch_tanh" if act == "gelu" else act  # HF Gemma treats "gelu" as tanh-GELU
+  if family.startswith("gemma"):  # HF Gemma ignores hidden_act "gelu" and uses tanh-GELU
+    act = get("hidden_activation", "gelu_pytorch_tanh")
+  else:
+    act = get("hidden_act", "silu")
   if act not in _ACTS:
     raise ValueError(f"{where}: activation {act!r} is not supported ({sorted(_ACTS)}).")
   fields.update(

@@ -154,8 +154,9 @@ class TransformerTest(parameterized.TestCase):
       f = lambda p: nnx.merge(graphdef, p)(jnp.zeros((1, 4), jnp.int32), jnp.zeros((1, 4))).sum()
       return str(jax.make_jaxpr(jax.grad(f))(params))
     cfg = transformer.Config.named("tiny")
-    self.assertIn("checkpoint", loss(dataclasses.replace(cfg, remat=True)))
-    self.assertNotIn("checkpoint", loss(cfg))
+    # The primitive prints as remat2 (jax 0.10) or checkpoint, depending on the version.
+    self.assertRegex(loss(dataclasses.replace(cfg, remat=True)), r"\b(remat2?|checkpoint)\[")
+    self.assertNotRegex(loss(cfg), r"\b(remat2?|checkpoint)\[")
 
   def test_dtypes(self):
     cfg = transformer.Config.named("tiny", param_dtype="bfloat16", dtype="bfloat16")

@@ -105,7 +105,7 @@ class _Renderer:
 
   def prompt(self, text: str, env_system_prompt: str) -> list[int]:
     if not self.chat_template:
-      return list(self.tok.encode(text, add_bos=True))
+      return list(self.tok.encode(text, add_bos=self.tok.bos_id is not None))
     system = self.system_prompt if self.system_prompt is not None else env_system_prompt
     messages = [{"role": "system", "content": system}] if system else []
     messages.append({"role": "user", "content": text})
@@ -162,6 +162,11 @@ def _env_turn(row: _Row, action_ids, stopped: bool, turn: int, *, tok, render: _
       row.append(obs_ids, turn=turn)
 
 
+def _turn_key(rng, turn: int):
+  # An explicit transfer of the turn index, so rollouts run under jax_transfer_guard="disallow".
+  return jax.random.fold_in(rng, jax.device_put(np.uint32(turn)))
+
+
 def run(sampler: sampler_lib.Sampler, params, tok, envs: Sequence[Any], seeds: Sequence[Any], *,
         rng: jax.Array, max_turns: int, max_new_tokens: int, max_len: int,
         greedy: bool | Sequence[bool] = False, chat_template: bool = True,
@@ -199,7 +204,7 @@ def run(sampler: sampler_lib.Sampler, params, tok, envs: Sequence[Any], seeds: S
     if not active:
       break
     out = sampler.generate(
-        params, [r.tokens for r in active], rng=jax.random.fold_in(rng, turn),
+        params, [r.tokens for r in active], rng=_turn_key(rng, turn),
         max_new_tokens=[min(max_new_tokens, max_len - len(r.tokens)) for r in active],
         greedy=[r.greedy for r in active], stop_ids=stop_ids, **sample_kwargs)
     for i, row in enumerate(active):

@@ -114,7 +114,9 @@ class AgentLoopTest(absltest.TestCase):
   def _run(self, envs, tok=None, **kw):
     tok = tok or CharTokenizer()
     spy = SpySampler(self.sampler)
-    kw = dict(dict(rng=jax.random.key(0), max_turns=3, max_new_tokens=6, max_len=MAX_LEN), **kw)
+    kw = dict(dict(max_turns=3, max_new_tokens=6, max_len=MAX_LEN), **kw)
+    if "rng" not in kw:
+      kw["rng"] = jax.random.key(0)
     trajs, metrics = agent_loop.run(spy, self.params, tok, envs, list(range(len(envs))), **kw)
     return trajs, metrics, spy, tok
 
@@ -211,9 +213,21 @@ class AgentLoopTest(absltest.TestCase):
     self.assertFalse(all(np.array_equal(x.tokens, y.tokens)  # sampled rows do not
                          for x, y in zip(a.trajectories, b.trajectories)))
 
-  def test_pack_of_rollout_keeps_masks(self):
-    trajs, _, _, _ = self._run([ScriptedEnv(), ScriptedEnv()])
-    batch = pack.pack(trajs, max_len=MAX_LEN, pad_id=0)
+  def test_raw_text_mode_appends_plain_observations(self):
+    tok = CharTokenizer()
+    trajs, _, spy, _ = self._run([ScriptedEnv(obs_len=3)], tok=tok, chat_template=False,
+                                 max_turns=2)
+    t = trajs[0]
+    self.assertEqual(list(t.tokens[:t.prompt_len]), [tok.bos_id] + CharTokenizer().encode("start 0"))
+    self.assertEqual(tok.encoded, ["start 0", "ooo"])
+    n = int(spy.calls[0][1].lengths_B[0])
+    np.testing.assert_array_equal(t.tokens[t.prompt_len + n:t.prompt_len + n + 3], [7 + 79] * 3)
+
+  def test_pack_of_rollout_keeps_masks_under_transfer_guard(self):
+    rng = jax.random.key(0)
+    with jax.transfer_guard("disallow"):     # only explicit device_put/device_get allowed
+      trajs, _, _, _ = self._run([ScriptedEnv(), ScriptedEnv()], rng=rng)
+      batch = pack.pack(trajs, max_len=MAX_LEN, pad_id=0)
     T = pack.padded_length([len(t.tokens) for t in trajs], max_len=MAX_LEN)
     self.assertEqual(batch.tokens_BT.shape, (2, T))
     np.testing.assert_array_equal(np.asarray(batch.loss_mask_BT).sum(-1),

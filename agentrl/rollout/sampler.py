@@ -246,13 +246,12 @@ class Sampler:
     Nb = bucket(max(max(max_new), 1), self.min_new_bucket)
     Kb = bucket(max(len(s) for s in stops))
     prompt_BP = np.full((Bb, Pb), self.pad_id, np.int32)
-    # Bucket-padding rows get one pad token (so attention has a valid key) and no budget.
-    prompt_BP[B:, -1] = self.pad_id
     for i, p in enumerate(prompts):
       prompt_BP[i, Pb - lens[i]:] = p
     stop_BK = np.full((Bb, Kb), -1, np.int32)
     for i, s in enumerate(stops):
       stop_BK[i, :len(s)] = s
+    # Bucket-padding rows are one pad token long (so attention has a valid key) with budget 0.
     # Explicit transfer, so experiments may run under jax_transfer_guard="disallow".
     inputs = jax.device_put((
         prompt_BP, _pad(lens, Bb, 1), _pad(max_new, Bb, 0), stop_BK,
