@@ -19,7 +19,10 @@ INSTALL_REQUIRES = [
 ]
 
 HF = ["safetensors", "gguf", "tokenizers", "sentencepiece", "jinja2"]
-ENVS = ["reasoning-gym", "math-verify", "textworld", "tensorflow-datasets", "importlib_resources"]
+# textworld[pddl] + alfworld: ALFWorld-style household problems, generated locally (the
+# fast-downward planner builds from source, ~1-2 min on 2 cores).
+ENVS = ["reasoning-gym", "math-verify", "textworld[pddl]", "alfworld", "tensorflow-datasets",
+        "importlib_resources"]
 TEST = ["pytest", "pytest-xdist"] + HF + ENVS
 
 setuptools.setup(

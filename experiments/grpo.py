@@ -45,6 +45,7 @@ from agentrl import checkpoint
 from agentrl import configs
 from agentrl import loop
 from agentrl import metrics as metrics_lib
+from agentrl import sharding
 from agentrl import types
 from agentrl.data import generators
 from agentrl.data import stream
@@ -72,8 +73,8 @@ def get_config(arg: str | None = None) -> mlc.ConfigDict:
   c.task = dict(name="reversed_addition", digits=3, rg_dataset="basic_arithmetic",
                 chat_template=False)
   # init: scratch (tiny model + SFT warm start), gguf/hf (pretrained weights at model.path).
-  c.model = dict(init="scratch", variant="tiny", width=64, depth=2, heads=4, kv_heads=4,
-                 head_dim=16, mlp=256, path="", dtype="float32", logprob_impl="xla")
+  c.model = dict(init="scratch", variant="tiny", width=64, depth=2, heads=8, kv_heads=8,
+                 head_dim=8, mlp=256, path="", dtype="float32", logprob_impl="xla")
   c.sft = sft.get_config().sft
   # G in the GRPO paper: completions sampled per prompt.
   c.rollout = dict(prompts_per_step=64, group_size=8, max_new_tokens=8, max_len=32,
@@ -81,7 +82,7 @@ def get_config(arg: str | None = None) -> mlc.ConfigDict:
   c.loss = dict(eps_low=0.2, eps_high=0.2, kl_coef=0.0, kl_kind="k3", agg="seq-mean-token-mean",
                 norm_by_std=True)
   c.optim = dict(lr=3e-4, b2=0.99, clip_norm=1.0, warmup_steps=0)
-  c.update = dict(epochs=1, minibatches=2)
+  c.updates = dict(epochs=1, minibatches=2)
   c.eval = dict(num_problems=1000, every=25)
   c.mesh = dict(data=1, fsdp=1, tensor=1)
   c.sharding_rules = [("embed", "fsdp"), ("mlp", "tensor"), ("heads", "tensor"),
@@ -95,7 +96,7 @@ def get_config(arg: str | None = None) -> mlc.ConfigDict:
     c.rollout.update(prompts_per_step=2, group_size=4, max_new_tokens=48, max_len=320)
     c.loss.update(kl_coef=0.001, agg="token-mean")
     c.optim.lr = 1e-6
-    c.update.minibatches = 1
+    c.updates.minibatches = 1
     c.eval.update(num_problems=8, every=0)
     c.log.save_every = 1
   elif arg.preset == "pod":
@@ -105,7 +106,7 @@ def get_config(arg: str | None = None) -> mlc.ConfigDict:
     c.rollout.update(prompts_per_step=256, group_size=16, max_new_tokens=2048, max_len=3072)
     c.loss.update(eps_high=0.28, kl_coef=0.001, agg="token-mean")
     c.optim.update(lr=1e-6, warmup_steps=10)
-    c.update.minibatches = 4
+    c.updates.minibatches = 4
     c.eval.update(num_problems=512, every=50)
     c.mesh = dict(data=-1, fsdp=8, tensor=1)
   elif arg.preset != "cpu":
@@ -115,7 +116,7 @@ def get_config(arg: str | None = None) -> mlc.ConfigDict:
     c.total_steps = 2
     c.sft.update(steps_max=2, batch_size=8, eval_every=1, eval_problems=8)
     c.rollout.update(prompts_per_step=2, group_size=2, max_new_tokens=8)
-    c.update.minibatches = 1
+    c.updates.minibatches = 1
     c.eval.update(num_problems=4, every=0)
     c.log.save_every = 1
   return c
@@ -155,8 +156,8 @@ SCHEMA = {
     "optim.b2": configs.Key(float, min=0.0, max=1.0),
     "optim.clip_norm": configs.Key(float, min=0.0),
     "optim.warmup_steps": configs.Key(int, min=0),
-    "update.epochs": configs.Key(int, min=1),
-    "update.minibatches": configs.Key(int, min=1),
+    "updates.epochs": configs.Key(int, min=1),
+    "updates.minibatches": configs.Key(int, min=1),
     "eval.num_problems": configs.Key(int, min=1),
     "eval.every": configs.Key(int, min=0),
     "mesh": configs.Key(dict),
@@ -174,7 +175,7 @@ def validate(config: mlc.ConfigDict) -> None:
   configs.validate(config.sft, sft.SCHEMA_SFT)
   rc = config.rollout
   batch = rc.prompts_per_step * rc.group_size
-  configs.divides("update.minibatches", config.update.minibatches,
+  configs.divides("updates.minibatches", config.updates.minibatches,
                   "rollout.prompts_per_step * rollout.group_size", batch)
   configs.require(rc.max_new_tokens < rc.max_len,
                   f"config.rollout.max_new_tokens ({rc.max_new_tokens}) must be < "
@@ -235,24 +236,6 @@ def make_advantage_fn(config):
 # ---------------------------------------------------------------------------------------------
 # Building blocks of train().
 # ---------------------------------------------------------------------------------------------
-def make_mesh(mesh_config) -> jax.sharding.Mesh:
-  """(data, fsdp, tensor) mesh with Auto axes; one -1 takes the remaining devices."""
-  names = ("data", "fsdp", "tensor")
-  shape = [int(mesh_config[n]) for n in names]
-  n = len(jax.devices())
-  if shape.count(-1) > 1:
-    raise configs.ConfigError(f"config.mesh may have at most one -1, got {dict(mesh_config)}")
-  fixed = int(np.prod([s for s in shape if s != -1]))
-  if -1 in shape:
-    shape[shape.index(-1)] = max(n // fixed, 1)
-  size = int(np.prod(shape))
-  if size > n or (-1 in mesh_config.values() and n % fixed):
-    raise configs.ConfigError(f"config.mesh {dict(mesh_config)} needs {size} devices; this "
-                              f"host has {n}")
-  return jax.make_mesh(tuple(shape), names, devices=jax.devices()[:size],
-                       axis_types=(jax.sharding.AxisType.Auto,) * 3)
-
-
 def make_task(config):
   """(make_env, tokenizer-independent task description) for config.task."""
   tc = config.task
@@ -263,29 +246,29 @@ def make_task(config):
 
 
 def build_policy(config, mesh):
-  """(tokenizer, model Config, graphdef, params) for config.model, created sharded on mesh."""
-  mc = config.model
-  with jax.set_mesh(mesh), nnx.logical_axis_rules(config.sharding_rules):
-    if mc.init == "scratch":
-      tok = sft.build_tokenizer(config.task.digits)
-      cfg = sft.model_config(mc, tok.vocab_size)
-      graphdef, params = nnx.split(transformer.Transformer(cfg, rngs=nnx.Rngs(config.seed)))
-      return tok, cfg, graphdef, params
-    path = mc.path or hf.smollm2_path()
-    tok = tokenizer_lib.load(path)
-    cfg, params = hf.load(path, dtype=mc.dtype)
-    graphdef = nnx.split(nnx.eval_shape(lambda: transformer.Transformer(cfg,
-                                                                        rngs=nnx.Rngs(0))))[0]
-    return tok, cfg, graphdef, params
+  """(tokenizer, graphdef, params) for config.model, with params sharded on the mesh."""
+  mc, rules = config.model, config.sharding_rules
+  if mc.init == "scratch":
+    tok = sft.build_tokenizer(config.task.digits)
+    cfg = sft.model_config(mc, tok.vocab_size)
+    graphdef, params = sharding.create_sharded(
+        lambda: transformer.Transformer(cfg, rngs=nnx.Rngs(config.seed)), mesh, rules)
+    return tok, graphdef, params
+  path = mc.path or hf.smollm2_path()
+  tok = tokenizer_lib.load(path)
+  cfg, params = hf.load(path, dtype=mc.dtype)
+  graphdef = nnx.split(nnx.eval_shape(lambda: transformer.Transformer(cfg, rngs=nnx.Rngs(0))))[0]
+  return tok, graphdef, sharding.reshard(params, sharding.tree_shardings(params, mesh, rules))
 
 
 def abstract_train_state(config, mesh, cfg: transformer.Config, tx):
-  """ShapeDtypeStructs (with shardings) of the TrainState, without allocating it."""
-  with jax.set_mesh(mesh), nnx.logical_axis_rules(config.sharding_rules):
+  """(ShapeDtypeStructs of the TrainState, their shardings), allocating nothing."""
+  with jax.set_mesh(mesh), nnx.logical_axis_rules(sharding.complete_rules(config.sharding_rules)):
     def init():
       params = nnx.split(transformer.Transformer(cfg, rngs=nnx.Rngs(0)))[1]
       return types.TrainState(step=jnp.int32(0), params=params, opt_state=tx.init(params))
-    return jax.eval_shape(init)
+    abstract = jax.eval_shape(init)
+  return abstract, sharding.tree_shardings(abstract, mesh, config.sharding_rules)
 
 
 def make_optimizer(oc, total_steps: int) -> optax.GradientTransformation:
@@ -331,21 +314,21 @@ def train(config: mlc.ConfigDict, workdir: str) -> dict:
   start = time.perf_counter()
   os.makedirs(workdir, exist_ok=True)
   rc = config.rollout
-  mesh = make_mesh(config.mesh)
+  mesh = sharding.make_mesh(config.mesh)
 
   # ---- Policy, warm start and optimizer.
-  tok, cfg, graphdef, params = build_policy(config, mesh)
+  tok, graphdef, params = build_policy(config, mesh)
   params, sft_info = warm_start_params(config, workdir, graphdef, params, tok)
   ref_params = jax.tree.map(jnp.copy, params)  # the update donates params; the anchor stays
   tx = make_optimizer(config.optim, config.total_steps)
-  state = types.TrainState(step=jnp.int32(0), params=params, opt_state=tx.init(params))
+  state, state_shardings = sharding.create_train_state(params, tx, mesh, config.sharding_rules)
 
   # ---- Jitted steps.
   score_step = jax.jit(loop.make_score_step(graphdef, temperature=rc.temperature,
                                             logprob_impl=config.model.logprob_impl,
                                             with_ref=True))
   update_step = jax.jit(loop.skip_nonfinite(make_update_step(config, graphdef, tx)),
-                        donate_argnames="state")
+                        donate_argnames="state", out_shardings=(state_shardings, None))
   advantage_fn = jax.jit(make_advantage_fn(config))
 
   # ---- Rollout, data and evaluation.
@@ -361,7 +344,8 @@ def train(config: mlc.ConfigDict, workdir: str) -> dict:
     return loop.env_rollout(sampler, params, tok, make_env, seeds,
                             rng=rng, group_size=rc.group_size, max_turns=1,
                             max_new_tokens=rc.max_new_tokens, max_len=rc.max_len,
-                            temperature=rc.temperature, chat_template=config.task.chat_template)
+                            temperature=rc.temperature, chat_template=config.task.chat_template,
+                            sharding=sharding.batch_sharding(mesh))
 
   def evaluate(params):
     return {"success": held_out_success(
@@ -375,8 +359,8 @@ def train(config: mlc.ConfigDict, workdir: str) -> dict:
         state, rng=jax.random.key(config.seed), total_steps=config.total_steps,
         workdir=workdir, rollout_fn=rollout_fn,
         score_fn=lambda params, batch: score_step(params, ref_params, batch),
-        advantage_fn=advantage_fn, update_fn=update_step, epochs=config.update.epochs,
-        num_minibatches=config.update.minibatches, data=data, evaluate=evaluate,
+        advantage_fn=advantage_fn, update_fn=update_step, epochs=config.updates.epochs,
+        num_minibatches=config.updates.minibatches, data=data, evaluate=evaluate,
         eval_every=config.eval.every, save_every=config.log.save_every, keep=config.log.keep,
         tensorboard=config.log.tensorboard,
         wandb={"project": config.log.wandb_project,

@@ -51,7 +51,7 @@ def get_config(arg: str | None = None) -> mlc.ConfigDict:
   c = mlc.ConfigDict()
   c.seed = 0
   c.task = dict(digits=3)                  # a+b with `digits`-digit operands, answer reversed
-  c.model = dict(variant="tiny", width=64, depth=2, heads=4, kv_heads=4, head_dim=16, mlp=256,
+  c.model = dict(variant="tiny", width=64, depth=2, heads=8, kv_heads=8, head_dim=8, mlp=256,
                  logprob_impl="xla")
   # steps_max is an upper bound: SFT stops once validation greedy exact-match >= target.
   c.sft = dict(steps_max=2000, target_success=0.2, batch_size=64, lr=1e-3, b2=0.99,

@@ -9,7 +9,8 @@ of each shape compiles; `compile_s` is first-call time minus the steady-state ru
 tokens/s is measured on a second, already-compiled call. With --hf_python pointing at a
 Python that has torch + transformers (e.g. /work/torchvenv), the same token ids go through
 `AutoModelForCausalLM.generate` (left padding, min_new_tokens = max_new_tokens) in a separate
-process, and the table gains the transformers tokens/s and the speed ratio.
+process, with the faster of the --hf_threads torch thread counts, and the table gains the
+transformers tokens/s and the speed ratio.
 
 This file runs under both Pythons: the transformers worker (--worker=transformers) imports
 neither jax nor agentrl.
@@ -37,9 +38,10 @@ QUESTIONS = [
 def _parse(argv):
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   p.add_argument("--batch_sizes", default="1,8,32", help="comma-separated batch sizes")
-  p.add_argument("--new_tokens", type=int, default=128, help="tokens sampled per row")
+  p.add_argument("--new_tokens", type=int, default=64, help="tokens sampled per row")
   p.add_argument("--hf_python", default="", help="Python with torch + transformers; '' skips")
-  p.add_argument("--threads", type=int, default=os.cpu_count(), help="torch CPU threads")
+  p.add_argument("--hf_threads", default=f"1,{os.cpu_count()}",
+                 help="torch thread counts to try; each batch uses the fastest on a short run")
   p.add_argument("--worker", default="", help=argparse.SUPPRESS)
   p.add_argument("--job", default="", help=argparse.SUPPRESS)
   return p.parse_args(argv)
@@ -70,7 +72,7 @@ def run_agentrl(args, path: str) -> tuple[dict, dict]:
              for q in QUESTIONS]
   sampler = sampler_lib.Sampler(graphdef, pad_id=tok.pad_id)
   rows, job = {}, {"path": path, "new_tokens": args.new_tokens, "pad_id": tok.pad_id,
-                   "threads": args.threads, "batches": {}}
+                   "threads": [int(x) for x in args.hf_threads.split(",")], "batches": {}}
   for b in [int(x) for x in args.batch_sizes.split(",")]:
     batch = [prompts[i % len(prompts)] for i in range(b)]
     job["batches"][str(b)] = batch
@@ -93,7 +95,6 @@ def run_transformers(job: dict) -> dict:
   """The worker: same token ids through transformers generate. Returns {batch: row}."""
   import torch  # pylint: disable=g-import-not-at-top
   import transformers  # pylint: disable=g-import-not-at-top
-  torch.set_num_threads(job["threads"])
   os.environ["HF_HUB_OFFLINE"] = "1"
   t = time.perf_counter()
   model = transformers.AutoModelForCausalLM.from_pretrained(
@@ -109,23 +110,33 @@ def run_transformers(job: dict) -> dict:
     kwargs = dict(attention_mask=mask, do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
                   pad_token_id=job["pad_id"])
     with torch.inference_mode():
-      model.generate(ids, max_new_tokens=4, min_new_tokens=4, **kwargs)   # warm-up
+      # Warm-up, and pick torch's thread count: on a shared CPU, OpenMP spin-waiting can make
+      # more threads much slower, so transformers gets its best setting.
+      probe = {}
+      for threads in job["threads"]:
+        torch.set_num_threads(threads)
+        t = time.perf_counter()
+        model.generate(ids, max_new_tokens=8, min_new_tokens=8, **kwargs)
+        probe[threads] = time.perf_counter() - t
+      threads = min(probe, key=probe.get)
+      torch.set_num_threads(threads)
       t = time.perf_counter()
       out = model.generate(ids, max_new_tokens=n, min_new_tokens=n, **kwargs)
       dt = time.perf_counter() - t
     assert out.shape[1] == width + n, out.shape
-    rows[b] = {"run_s": dt, "tok_s": len(batch) * n / dt}
-    print(f"transformers: batch {b}: run {dt:.1f}s, {rows[b]['tok_s']:.1f} tok/s",
-          file=sys.stderr, flush=True)
+    rows[b] = {"run_s": dt, "tok_s": len(batch) * n / dt, "threads": threads}
+    print(f"transformers: batch {b}: {threads} threads (8-token probe {probe}), run {dt:.1f}s, "
+          f"{rows[b]['tok_s']:.1f} tok/s", file=sys.stderr, flush=True)
   return rows
 
 
 def _table(rows: dict, hf_rows: dict, new_tokens: int) -> str:
-  lines = ["| batch | new tokens | agentrl tok/s | agentrl compile s | transformers tok/s | ratio |",
-           "|---:|---:|---:|---:|---:|---:|"]
+  lines = ["| batch | new tokens | agentrl tok/s | agentrl compile s | transformers tok/s "
+           "(torch threads) | ratio |", "|---:|---:|---:|---:|---:|---:|"]
   for b, r in rows.items():
     h = hf_rows.get(str(b))
-    hf_cells = f"{h['tok_s']:.1f} | {r['tok_s'] / h['tok_s']:.2f}x" if h else "n/a | n/a"
+    hf_cells = (f"{h['tok_s']:.1f} ({h['threads']}) | {r['tok_s'] / h['tok_s']:.2f}x" if h
+                else "n/a | n/a")
     lines.append(f"| {b} | {new_tokens} | {r['tok_s']:.1f} | {r['compile_s']:.1f} | {hf_cells} |")
   return "\n".join(lines)
 

@@ -1,5 +1,6 @@
 """Tests for agentrl.data.jsonl: every bad line is reported with file and line number."""
 import os
+import shutil
 import tempfile
 
 from absl.testing import absltest
@@ -8,17 +9,19 @@ from absl.testing import parameterized
 from agentrl.data import jsonl
 
 
-def _write(text: str) -> str:
-  fd, path = tempfile.mkstemp(suffix=".jsonl")
-  with os.fdopen(fd, "w") as f:
-    f.write(text)
-  return path
-
-
 class JsonlTest(parameterized.TestCase):
 
+  def _write(self, text: str) -> str:
+    # tempfile, not absltest's create_tempfile: that needs absl flags, which pytest skips.
+    tmp = tempfile.mkdtemp()
+    self.addCleanup(shutil.rmtree, tmp)
+    path = os.path.join(tmp, "data.jsonl")
+    with open(path, "w") as f:
+      f.write(text)
+    return path
+
   def test_reads_valid_file_and_skips_blank_lines(self):
-    path = _write('{"prompt": "1+1=", "answer": "2"}\n\n{"prompt": "2+2=", "meta": [1]}\n')
+    path = self._write('{"prompt": "1+1=", "answer": "2"}\n\n{"prompt": "2+2=", "meta": [1]}\n')
     source = jsonl.JsonlSource(path)
     self.assertLen(source, 2)
     self.assertEqual(source[1], {"prompt": "2+2=", "meta": [1]})
@@ -34,12 +37,12 @@ class JsonlTest(parameterized.TestCase):
       ("\n\n", "no entries"),
   )
   def test_bad_lines_name_file_and_line(self, text, message):
-    path = _write(text)
+    path = self._write(text)
     with self.assertRaisesRegex(ValueError, rf"{path}{message}" if message[0] == ":" else message):
       jsonl.read_jsonl(path)
 
   def test_required_keys(self):
-    path = _write('{"prompt": "a", "answer": "1"}\n{"prompt": "b"}\n')
+    path = self._write('{"prompt": "a", "answer": "1"}\n{"prompt": "b"}\n')
     with self.assertRaisesRegex(ValueError, r":2: missing key\(s\) \['answer'\]"):
       jsonl.read_jsonl(path, required=("prompt", "answer"))
 
@@ -48,7 +51,7 @@ class JsonlTest(parameterized.TestCase):
       jsonl.JsonlSource("/nope.jsonl")
 
   def test_write_then_read_round_trip(self):
-    path = _write("")
+    path = self._write("")
     entries = [{"prompt": f"q{i}", "answer": i} for i in range(3)]
     jsonl.write_jsonl(path, entries)
     self.assertEqual(jsonl.read_jsonl(path), entries)

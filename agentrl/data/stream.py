@@ -62,9 +62,10 @@ class PromptStream:
   def take(self, n: int) -> list[dict]:
     """The next n entries (fewer only if num_epochs runs out)."""
     out = []
-    for entry in self:
-      out.append(entry)
-      if len(out) == n:
+    while len(out) < n:
+      try:
+        out.append(next(self))
+      except StopIteration:
         break
     return out
 

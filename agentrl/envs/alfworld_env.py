@@ -55,20 +55,23 @@ def import_alfworld():
   try:
     import alfworld.info  # pylint: disable=g-import-not-at-top
     from alfworld.gen import constants, goal_library  # pylint: disable=g-import-not-at-top
-    from alfworld.agents.environment.alfred_tw_env import AlfredDemangler  # pylint: disable=g-import-not-at-top
+    from alfworld.agents.environment import alfred_tw_env  # pylint: disable=g-import-not-at-top
     import fast_downward  # pylint: disable=g-import-not-at-top,unused-import
   except ImportError as e:
     raise ImportError(f"ALFWorld environments need alfworld and textworld[pddl]: {INSTALL_HINT}"
                       ) from e
-  return alfworld.info, constants, goal_library, AlfredDemangler
+  return alfworld.info, constants, goal_library, alfred_tw_env.AlfredDemangler
 
 
-def _mangle(type_name: str, rng: random.Random) -> str:
-  coords = "|".join(f"{rng.uniform(-3, 3):+06.2f}" for _ in range(3))
-  text = f"{type_name}|{coords}"
-  for old, new in (("|", "_bar_"), ("+", "_plus_"), ("-", "_minus_"), (".", "_dot_")):
-    text = text.replace(old, new)
-  return text
+def _mangle(type_name: str, rng: random.Random, taken) -> str:
+  """A fresh ALFRED id "Apple|+00.10|+00.90|-01.00", mangled as ALFWorld's PDDL files are."""
+  while True:
+    coords = "|".join(f"{rng.uniform(-3, 3):+06.2f}" for _ in range(3))
+    text = f"{type_name}|{coords}"
+    for old, new in (("|", "_bar_"), ("+", "_plus_"), ("-", "_minus_"), (".", "_dot_")):
+      text = text.replace(old, new)
+    if text not in taken:
+      return text
 
 
 def _scene(rng: random.Random, constants, layouts: str, plan: int, max_receptacles: int):
@@ -144,7 +147,7 @@ def _problem_text(rng, constants, task_type, receps, kinds, obj, target, goals) 
   objects, facts = {"agent1": "agent", "loc_start": "location"}, ["(atLocation agent1 loc_start)"]
   recep_ids = []
   for i, rtype in enumerate(receps):
-    rid, loc = _mangle(rtype, rng), f"loc_{i}"
+    rid, loc = _mangle(rtype, rng, objects), f"loc_{i}"
     objects.update({rid: "receptacle", loc: "location", f"{rtype}Type": "rtype"})
     facts += [f"(receptacleAtLocation {rid} {loc})", f"(receptacleType {rid} {rtype}Type)"]
     if rtype in constants.OPENABLE_CLASS_SET:
@@ -154,7 +157,7 @@ def _problem_text(rng, constants, task_type, receps, kinds, obj, target, goals) 
   if task_type == "look_at_obj_in_light":
     placed.append("DeskLamp")
   for otype in placed:
-    oid = _mangle(otype, rng)
+    oid = _mangle(otype, rng, objects)
     objects.update({oid: "object", f"{otype}Type": "otype"})
     facts.append(f"(objectType {oid} {otype}Type)")
     if otype == "DeskLamp":

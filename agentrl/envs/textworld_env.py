@@ -22,6 +22,7 @@ sent to the game but sets info["error"]; an empty command is not sent.
 
 Requires the `envs` extra (textworld; pip install -e '.[envs]'), imported lazily.
 """
+import collections
 import hashlib
 import json
 import os
@@ -45,6 +46,7 @@ DEFAULT_SETTINGS = {
                 "drop": False, "recipe_seed": 0, "split": "train"},
     "custom": {"world_size": 3, "nb_objects": 5, "quest_length": 3},
 }
+_OPEN_GAMES = 8
 _BANNER_RE = re.compile(r"[\s_\\|$/<>]*[_\\|$][\s_\\|$/<>]*")
 _END_LINES = ("*** The End ***", "Would you like to RESTART")
 
@@ -158,7 +160,7 @@ class TextWorldEnv:
     self.pool_size, self.pool = pool_size, pool
     self.max_turns, self.list_commands = max_turns, list_commands
     self.policy_commands = policy_commands
-    self._games = {}  # path -> started textworld env, reused across resets
+    self._games = collections.OrderedDict()  # path -> started game, reused across resets
     self._game, self._state = None, None
     self._turn, self._score, self._done = 0, 0.0, True
 
@@ -189,6 +191,9 @@ class TextWorldEnv:
     path = self.game_file(seed)
     if path not in self._games:
       self._games[path] = self._start(path)
+      if len(self._games) > _OPEN_GAMES:  # each open game holds an interpreter's memory
+        self._games.popitem(last=False)[1].close()
+    self._games.move_to_end(path)
     self._game = self._games[path]
     self._state = self._game.reset()
     self._turn, self._score, self._done = 0, float(self._state.get("score") or 0), False
@@ -227,4 +232,4 @@ class TextWorldEnv:
   def close(self) -> None:
     for game in self._games.values():
       game.close()
-    self._games, self._game = {}, None
+    self._games, self._game = collections.OrderedDict(), None

@@ -121,9 +121,11 @@ class TextWorldEnvTest(absltest.TestCase):
 class MissingPackageTest(absltest.TestCase):
 
   def test_error_names_the_install_command(self):
+    pool = tempfile.mkdtemp()
+    self.addCleanup(shutil.rmtree, pool)
     with mock.patch.dict(sys.modules, {"textworld": None}):
       with self.assertRaisesRegex(ImportError, r"pip install -e '\.\[envs\]'"):
-        textworld_env.make_game("custom", 12345, pool=tempfile.mkdtemp())
+        textworld_env.make_game("custom", 12345, pool=pool)
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ from safetensors.numpy import save_file
 
 from agentrl.models import hf
 from agentrl.models import hf_config
+from agentrl.models import testing
 from agentrl.models import transformer
 
 _TINY = dict(vocab=96, width=32, depth=3, heads=4, kv_heads=2, head_dim=8, mlp=48,
@@ -42,12 +43,7 @@ def tiny_config(family, **overrides):
 
 
 def random_params(cfg, seed=0):
-  model = transformer.Transformer(cfg, rngs=nnx.Rngs(seed))
-  state = nnx.state(model, nnx.Param)
-  leaves, treedef = jax.tree.flatten(state)
-  keys = jax.random.split(jax.random.key(seed), len(leaves))
-  leaves = [x + jax.random.normal(k, x.shape, x.dtype) for x, k in zip(leaves, keys)]
-  return jax.tree.unflatten(treedef, leaves)
+  return testing.random_params(cfg, seed)[1]
 
 
 def assert_params_equal(a, b):
@@ -84,8 +80,7 @@ class RoundTripTest(parameterized.TestCase):
 
   def test_load_model_and_module_save(self):
     cfg = tiny_config("gemma")
-    model = nnx.merge(nnx.split(transformer.Transformer(cfg, rngs=nnx.Rngs(0)))[0],
-                      random_params(cfg))
+    model = nnx.merge(*testing.random_params(cfg))
     path = tempfile.mkdtemp()
     hf.save(cfg, model, path)
     loaded = hf.load_model(path, dtype="float32")

@@ -124,6 +124,7 @@ class _SpBackend:
 
   def __init__(self, sp):
     self.sp = sp
+    self.user_defined = _user_defined_ids(sp)
 
   def vocab_size(self):
     return self.sp.get_piece_size()
@@ -133,7 +134,7 @@ class _SpBackend:
 
   def decode(self, ids, skip_special):
     if skip_special:
-      ids = [i for i in ids if not (self.sp.is_control(i) or self.sp.is_user_defined(i))]
+      ids = [i for i in ids if not (self.sp.is_control(i) or i in self.user_defined)]
     # sentencepiece drops control pieces (<s>, </s>) when decoding; keep them visible.
     out, run = [], []
     for i in ids:
@@ -149,8 +150,19 @@ class _SpBackend:
     return None if i == self.sp.unk_id() and token != self.sp.id_to_piece(i) else i
 
   def special_ids(self):
-    return {i for i in range(self.sp.get_piece_size())
-            if self.sp.is_control(i) or self.sp.is_user_defined(i)}
+    return {i for i in range(self.sp.get_piece_size()) if self.sp.is_control(i)} | set(
+        self.user_defined)
+
+
+def _user_defined_ids(sp) -> frozenset[int]:
+  """Ids of USER_DEFINED pieces (e.g. <|im_end|>); the processor API does not expose them."""
+  try:
+    from sentencepiece import sentencepiece_model_pb2  # pylint: disable=g-import-not-at-top
+    proto = sentencepiece_model_pb2.ModelProto.FromString(sp.serialized_model_proto())
+  except ImportError:  # the proto module needs protobuf, which sentencepiece does not require
+    return frozenset()
+  user_defined = sentencepiece_model_pb2.ModelProto.SentencePiece.USER_DEFINED
+  return frozenset(i for i, p in enumerate(proto.pieces) if p.type == user_defined)
 
 
 def _finish(backend, *, bos, eos, pad, chat_template) -> Tokenizer:
@@ -264,12 +276,17 @@ def train_sentencepiece(lines: Iterable[str], vocab_size: int, *, model_type: st
   """Trains a sentencepiece model in-process (offline_resources §8); ChatML-ready by default.
 
   Ids: pad 0, unk 1, bos 2, eos 3, then `user_defined_symbols`. `vocab_size` is a soft limit
-  (a small corpus may yield fewer pieces). Writes the .model file to `path` if given.
+  (a small corpus may yield fewer pieces) and must exceed ~290 (256 byte-fallback pieces plus
+  the characters seen). Writes the .model file to `path` if given.
   """
   import sentencepiece as spm  # pylint: disable=g-import-not-at-top
   buf = io.BytesIO()
   options = dict(model_type=model_type, character_coverage=1.0, byte_fallback=True,
                  split_digits=True, pad_id=0, unk_id=1, bos_id=2, eos_id=3,
+                 # Exact text round trips (token-in, token-out agents): no "▁" prepended to
+                 # the text, whitespace and Unicode kept as written.
+                 add_dummy_prefix=False, remove_extra_whitespaces=False,
+                 normalization_rule_name="identity",
                  user_defined_symbols=list(user_defined_symbols), hard_vocab_limit=False,
                  num_threads=2, minloglevel=2)
   options.update(trainer_kwargs)

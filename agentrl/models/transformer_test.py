@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from agentrl.models import presets
+from agentrl.models import testing
 from agentrl.models import transformer
 
 jax.config.update("jax_numpy_rank_promotion", "raise")
@@ -21,15 +22,6 @@ KITCHEN_SINK = dict(sliding_window=3, sliding_window_pattern=2, rope_local_theta
                     final_logit_softcap=3.0, qk_norm=True, qkv_bias=True, post_norms=True,
                     norm_plus_one=True, embed_scale=True, act="gelu_tanh",
                     query_pre_attn_scalar=24.0, tie_embeddings=False)
-
-
-def _randomize(model, seed=0):
-  """Non-trivial values for every parameter (norms and biases start at constants)."""
-  graphdef, state = nnx.split(model)
-  leaves, treedef = jax.tree.flatten(state)
-  keys = jax.random.split(jax.random.key(seed), len(leaves))
-  leaves = [x + 0.3 * jax.random.normal(k, x.shape, x.dtype) for x, k in zip(leaves, keys)]
-  return nnx.merge(graphdef, jax.tree.unflatten(treedef, leaves))
 
 
 def _left_padded_batch(vocab, seed=0):
@@ -95,8 +87,7 @@ class TransformerTest(parameterized.TestCase):
 
   def test_kv_cache_decode_matches_full_forward(self):
     cfg = transformer.Config.named("tiny", **KITCHEN_SINK)
-    model = _randomize(transformer.Transformer(cfg, rngs=nnx.Rngs(0)))
-    graphdef, params = nnx.split(model)
+    graphdef, params = testing.random_params(cfg)
     tokens_BT, positions_BT, mask_BT = _left_padded_batch(cfg.vocab)
 
     @jax.jit
@@ -128,8 +119,7 @@ class TransformerTest(parameterized.TestCase):
     # Untied, with distinct tokens: embedding row tokens[s] only feeds position s, so the
     # gradient of the logits at t with respect to it is zero exactly when s > t or s is pad.
     cfg = transformer.Config.named("tiny", **KITCHEN_SINK)
-    model = _randomize(transformer.Transformer(cfg, rngs=nnx.Rngs(1)))
-    graphdef, params = nnx.split(model)
+    graphdef, params = testing.random_params(cfg, seed=1)
     tokens_BT = jnp.arange(10, 18, dtype=jnp.int32)[None]
     mask_BT = jnp.array([[False, True, True, True, True, True, True, True]])
     positions_BT = jnp.maximum(jnp.cumsum(mask_BT, axis=1) - 1, 0)
@@ -149,8 +139,7 @@ class TransformerTest(parameterized.TestCase):
 
   def test_remat_checkpoints_each_layer(self):
     def loss(cfg):
-      model = transformer.Transformer(cfg, rngs=nnx.Rngs(0))
-      graphdef, params = nnx.split(model)
+      graphdef, params = testing.random_params(cfg)
       f = lambda p: nnx.merge(graphdef, p)(jnp.zeros((1, 4), jnp.int32), jnp.zeros((1, 4))).sum()
       return str(jax.make_jaxpr(jax.grad(f))(params))
     cfg = transformer.Config.named("tiny")

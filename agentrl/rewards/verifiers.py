@@ -15,6 +15,7 @@ directly only in the main thread; from any other thread it hands the pair to a p
 worker subprocess (whose main thread runs the same signal-based timeouts) and kills and
 restarts that worker if it does not answer in time.
 """
+import atexit
 import fractions
 import json
 import math
@@ -153,11 +154,16 @@ class _Worker:
         self._command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL, env=env, text=True, bufsize=1)
 
-  def _kill(self):
+  def close(self):
     if self._proc is not None:
       self._proc.kill()
       self._proc.wait()
+      self._proc.stdin.close()
+      self._proc.stdout.close()
     self._proc = None
+
+  def _kill(self):
+    self.close()
     self.restarts += 1
 
   def __call__(self, gold: str, pred: str, timeout_s: int, startup_s: float):
@@ -185,6 +191,7 @@ class _Worker:
 
 
 _WORKER = _Worker()
+atexit.register(_WORKER.close)
 
 
 def math_equal(completion: str, target, *, timeout_s: int = 5, max_chars: int = 4096,

@@ -73,6 +73,7 @@ class MathEqualTest(absltest.TestCase):
 
   def test_worker_that_misses_its_deadline_is_killed_and_restarted(self):
     worker = verifiers._Worker(command=[sys.executable, "-c", "import time; time.sleep(60)"])
+    self.addCleanup(worker.close)
     start = time.monotonic()
     self.assertIsNone(worker("1", "1", timeout_s=1, startup_s=0.0))
     self.assertLess(time.monotonic() - start, 10.0)
@@ -82,6 +83,7 @@ class MathEqualTest(absltest.TestCase):
 
   def test_real_worker_answers(self):
     worker = verifiers._Worker()
+    self.addCleanup(worker.close)
     self.assertIs(worker("$2$", r"\boxed{2}", timeout_s=5, startup_s=60.0), True)
     self.assertIs(worker("$2$", r"\boxed{3}", timeout_s=5, startup_s=60.0), False)
     self.assertEqual(worker.restarts, 0)

@@ -245,16 +245,11 @@ class Sampler:
     Pb = bucket(max(lens), self.min_prompt_bucket)
     Nb = bucket(max(max(max_new), 1), self.min_new_bucket)
     Kb = bucket(max(len(s) for s in stops))
-    prompt_BP = np.full((Bb, Pb), self.pad_id, np.int32)
-    for i, p in enumerate(prompts):
-      prompt_BP[i, Pb - lens[i]:] = p
-    stop_BK = np.full((Bb, Kb), -1, np.int32)
-    for i, s in enumerate(stops):
-      stop_BK[i, :len(s)] = s
     # Bucket-padding rows are one pad token long (so attention has a valid key) with budget 0.
     # Explicit transfer, so experiments may run under jax_transfer_guard="disallow".
     inputs = jax.device_put((
-        prompt_BP, _pad(lens, Bb, 1), _pad(max_new, Bb, 0), stop_BK,
+        _left_pad(prompts, Bb, Pb, self.pad_id), _pad(lens, Bb, 1), _pad(max_new, Bb, 0),
+        _left_pad(stops, Bb, Kb, -1),
         _pad(greedy_rows, Bb, False, bool), np.float32(temperature), np.float32(top_p)))
     out = self._program(params, *inputs, rng, num_new=Nb, top_k=int(top_k),
                         use_top_p=top_p < 1.0, logp_mode=logp_mode)
@@ -310,6 +305,13 @@ def _validate(lens, max_new, temperature, top_k, top_p, logp_mode):
     raise ValueError(f"top_p must be in (0, 1] (1 disables it), got {top_p}.")
   if logp_mode not in LOGP_MODES:
     raise ValueError(f"Unknown logp_mode {logp_mode!r}; expected one of {LOGP_MODES}.")
+
+
+def _left_pad(rows, n, width, fill):
+  out = np.full((n, width), fill, np.int32)
+  for i, row in enumerate(rows):
+    out[i, width - len(row):] = row
+  return out
 
 
 def _pad(values, n, fill, dtype=np.int32):

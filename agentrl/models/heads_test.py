@@ -1,0 +1,59 @@
+# pylint: disable=invalid-name
+"""Tests of the value and reward heads (shared and separate backbones)."""
+from absl.testing import absltest
+from flax import nnx
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from agentrl.models import heads
+from agentrl.models import testing
+from agentrl.models import transformer
+
+jax.config.update("jax_numpy_rank_promotion", "raise")
+
+
+class HeadsTest(absltest.TestCase):
+
+  def test_last_token_index(self):
+    mask_BT = jnp.array([[1, 1, 1, 0, 0], [0, 0, 1, 1, 1], [1, 1, 1, 1, 1]], bool)
+    np.testing.assert_array_equal(heads.last_token_index(mask_BT), [2, 4, 4])
+
+  def test_value_head_is_per_token_and_starts_at_zero(self):
+    head = heads.ValueHead(4)
+    h_BTD = jnp.arange(24, dtype=jnp.float32).reshape(2, 3, 4)
+    np.testing.assert_array_equal(head(h_BTD), np.zeros((2, 3)))
+    head.w_D[...] = jnp.array([1.0, 0.0, 0.0, -1.0])
+    head.b[...] = jnp.array(0.5)
+    np.testing.assert_allclose(head(h_BTD), h_BTD[..., 0] - h_BTD[..., 3] + 0.5)
+
+  def test_reward_model_reads_the_last_real_token_left_or_right_padded(self):
+    cfg = transformer.Config.named("tiny", vocab=64, depth=1)
+    _, backbone = testing.random_params(cfg)
+    graphdef_rm, state = nnx.split(nnx.eval_shape(lambda: heads.RewardModel(cfg, rngs=nnx.Rngs(0))))
+    pure = nnx.to_pure_dict(state)
+    pure["backbone"] = nnx.to_pure_dict(backbone)
+    pure["head"]["score"] = {"w_D": np.random.default_rng(0).standard_normal(cfg.width),
+                             "b": np.zeros((), np.float32)}
+    nnx.replace_by_pure_dict(state, pure)
+    seq = jnp.array([5, 9, 3, 7], jnp.int32)
+    tokens_BT = jnp.stack([jnp.pad(seq, (0, 2)), jnp.pad(seq, (2, 0)), jnp.pad(seq[:3], (3, 0))])
+    mask_BT = tokens_BT != 0
+    positions_BT = jnp.maximum(jnp.cumsum(mask_BT, axis=1) - 1, 0)
+    reward_B = jax.jit(lambda s: nnx.merge(graphdef_rm, s)(tokens_BT, positions_BT, mask_BT))(
+        state)
+    self.assertEqual(reward_B.shape, (3,))
+    np.testing.assert_allclose(reward_B[0], reward_B[1], rtol=1e-5)  # same sequence
+    self.assertGreater(abs(float(reward_B[0] - reward_B[2])), 1e-4)   # a prefix scores apart
+
+  def test_value_model_shapes(self):
+    cfg = transformer.Config.named("tiny", vocab=64, depth=1)
+    vm = nnx.eval_shape(lambda: heads.ValueModel(cfg, rngs=nnx.Rngs(0)))
+    graphdef, state = nnx.split(vm)
+    out = jax.eval_shape(lambda s: nnx.merge(graphdef, s)(
+        jnp.zeros((2, 5), jnp.int32), jnp.zeros((2, 5), jnp.int32)), state)
+    self.assertEqual((out.shape, out.dtype), ((2, 5), jnp.float32))
+
+
+if __name__ == "__main__":
+  absltest.main()

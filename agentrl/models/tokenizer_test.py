@@ -1,0 +1,144 @@
+"""Tests of tokenizer loading (sentencepiece, tokenizer.json, GGUF) and chat templates.
+
+The SmolLM2 GGUF vocabulary is compared with transformers' ids in tests/parity_test.py.
+"""
+import json
+import os
+import tempfile
+
+from absl.testing import absltest
+import jinja2
+
+from agentrl.models import tokenizer
+
+_WORDS = ("the cat sat on a mat while seven dogs ran past the old red barn and "
+          "everyone counted 12 + 30 = 42 twice").split()
+LINES = [" ".join(_WORDS[(i * 7 + j) % len(_WORDS)] for j in range(12)) for i in range(300)]
+
+
+def _hf_tokenizer_dir(config):
+  """A small byte-level BPE tokenizer.json (+ tokenizer_config.json) trained in-process."""
+  import tokenizers  # pylint: disable=g-import-not-at-top
+  from tokenizers import decoders, models, pre_tokenizers, trainers  # pylint: disable=g-import-not-at-top
+  tok = tokenizers.Tokenizer(models.BPE())
+  tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+  tok.decoder = decoders.ByteLevel()
+  trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=["<pad>", "<s>", "</s>",
+                                                                "<start_of_turn>",
+                                                                "<end_of_turn>"],
+                                initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+  tok.train_from_iterator(LINES, trainer)
+  path = tempfile.mkdtemp()
+  tok.save(os.path.join(path, "tokenizer.json"))
+  with open(os.path.join(path, "tokenizer_config.json"), "w") as f:
+    json.dump(config, f)
+  return path
+
+
+GEMMA_STYLE = (
+    "{{ bos_token }}{% for message in messages %}"
+    "{% if message['role'] not in ['user', 'assistant'] %}"
+    "{{ raise_exception('Only user and assistant roles') }}{% endif %}"
+    "{{ '<start_of_turn>' + message['role'] + '\n' + message['content'] | trim + "
+    "'<end_of_turn>\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<start_of_turn>model\n' }}{% endif %}")
+
+
+class SentencePieceTest(absltest.TestCase):
+
+  @classmethod
+  def setUpClass(cls):
+    super().setUpClass()
+    cls.path = os.path.join(tempfile.mkdtemp(), "tok.model")
+    cls.tok = tokenizer.train_sentencepiece(LINES, 400, path=cls.path)
+
+  def test_round_trip_and_ids(self):
+    tok = self.tok
+    self.assertEqual((tok.pad_id, tok.bos_id, tok.eos_id), (0, 2, 3))
+    self.assertLessEqual(tok.vocab_size, 400)
+    text = "the cat  counted 1234 dogs,\tünïcödé and 🙂 "
+    ids = tok.encode(text)
+    self.assertEqual(tok.decode(ids), text)  # byte fallback covers unseen characters
+    self.assertEqual(tok.encode(text, add_bos=True), [2] + ids)
+    self.assertEqual(tokenizer.load(self.path).encode(text), ids)
+
+  def test_chatml_fallback_and_special_tokens(self):
+    tok = self.tok
+    start, end = tok.token_to_id("<|im_start|>"), tok.token_to_id("<|im_end|>")
+    self.assertEqual((start, end), (4, 5))
+    self.assertEqual(tok.end_of_turn_ids, (end, tok.eos_id))
+    self.assertTrue({start, end, tok.bos_id, tok.eos_id} <= tok.special_ids)
+    text = tok.apply_chat_template([{"role": "user", "content": "the cat"}])
+    self.assertEqual(text, "<|im_start|>user\nthe cat<|im_end|>\n<|im_start|>assistant\n")
+    ids = tok.encode(text)
+    self.assertEqual(ids[0], start)
+    self.assertEqual(ids.count(end), 1)
+    self.assertEqual(tok.decode(ids), text)
+    self.assertNotIn("<|im_end|>", tok.decode(ids, skip_special=True))
+    self.assertEqual(tok.decode([2, 4]), "<s><|im_start|>")  # control tokens stay visible
+
+
+class HfJsonTest(absltest.TestCase):
+
+  @classmethod
+  def setUpClass(cls):
+    super().setUpClass()
+    cls.dir = _hf_tokenizer_dir({"bos_token": "<s>", "eos_token": {"content": "</s>"},
+                                 "pad_token": None, "chat_template": GEMMA_STYLE})
+    cls.tok = tokenizer.load(cls.dir)
+
+  def test_special_ids_and_round_trip(self):
+    tok = self.tok
+    self.assertEqual((tok.bos_id, tok.eos_id, tok.pad_id), (1, 2, 2))  # pad falls back to eos
+    self.assertEqual(tok.special_ids, frozenset(range(5)))
+    self.assertEqual(tok.end_of_turn_ids, (4, 2))
+    text = "the old red barn\tand 🙂"
+    self.assertEqual(tok.decode(tok.encode(text)), text)
+    self.assertEqual(tokenizer.load(os.path.join(self.dir, "tokenizer.json")).encode(text),
+                     tok.encode(text))
+
+  def test_shipped_template_renders_in_a_sandbox(self):
+    tok = self.tok
+    text = tok.apply_chat_template([{"role": "user", "content": " hi "}])
+    self.assertEqual(text, "<s><start_of_turn>user\nhi<end_of_turn>\n<start_of_turn>model\n")
+    self.assertEqual(tok.encode(text)[:2], [1, 3])
+    with self.assertRaisesRegex(jinja2.exceptions.TemplateError, "Only user and assistant"):
+      tok.apply_chat_template([{"role": "system", "content": "x"}])
+    with self.assertRaisesRegex(ValueError, r"messages\[1\] must be a dict"):
+      tok.apply_chat_template([{"role": "user", "content": "x"}, "oops"])
+    hostile = tokenizer.Tokenizer(**{**tok.__dict__, "chat_template":
+                                     "{{ ''.__class__.__mro__[1].__subclasses__() }}"})
+    with self.assertRaises(jinja2.exceptions.SecurityError):
+      hostile.apply_chat_template([])
+
+
+class ErrorTest(absltest.TestCase):
+
+  def test_bad_paths(self):
+    with self.assertRaisesRegex(FileNotFoundError, "No tokenizer at '/nonexistent.model'"):
+      tokenizer.load("/nonexistent.model")
+    empty = tempfile.mkdtemp()
+    with self.assertRaisesRegex(FileNotFoundError, "neither tokenizer.json nor tokenizer.model"):
+      tokenizer.load(empty)
+    other = os.path.join(empty, "vocab.txt")
+    with open(other, "w") as f:
+      f.write("x")
+    with self.assertRaisesRegex(ValueError, "Unrecognized tokenizer file"):
+      tokenizer.load(other)
+
+  def test_unsupported_gguf_vocabulary(self):
+    import gguf  # pylint: disable=g-import-not-at-top
+    path = os.path.join(tempfile.mkdtemp(), "spm.gguf")
+    w = gguf.GGUFWriter(path, "gemma")
+    w.add_tokenizer_model("llama")
+    w.add_token_list(["<pad>", "<s>", "a"])
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with self.assertRaisesRegex(ValueError, "GGUF tokenizer model 'llama' is not supported"):
+      tokenizer.load(path)
+
+
+if __name__ == "__main__":
+  absltest.main()

@@ -1,0 +1,384 @@
+# pylint: disable=invalid-name
+"""Sharded == single-device on 8 host CPU devices, and a two-process run (agentrl.sharding).
+
+The tiny transformer on a (data, fsdp, tensor) = (2, 2, 2) mesh must give the same logits,
+log-probs, loss and Adam update as on one device (<= 1e-5); the vocab-parallel log-prob must
+match the unsharded reference in value and gradient without ever holding the vocabulary axis;
+and two local processes (4 CPU devices each, gloo collectives over loopback) must see one
+8-device mesh.
+"""
+import os
+
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+
+import functools  # pylint: disable=g-import-not-at-top,wrong-import-position
+import pathlib
+import re
+import socket
+import subprocess
+import sys
+import textwrap
+from unittest import mock
+
+from absl.testing import absltest
+from absl.testing import parameterized
+from flax import nnx
+import jax
+from jax.sharding import AxisType, PartitionSpec as P
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from agentrl import sharding
+from agentrl import types
+from agentrl.losses import aggregation
+from agentrl.losses import policy as pg
+from agentrl.models import policy as policy_lib
+from agentrl.models import transformer
+from kernels.logprob import ops
+
+jax.config.update("jax_numpy_rank_promotion", "raise")
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+TOL = 1e-5
+RULES = [("embed", "fsdp"), ("mlp", "tensor"), ("heads", "tensor"), ("kv_heads", "tensor"),
+         ("vocab", "tensor"), ("batch", ("data", "fsdp"))]  # config style: the rest replicate
+LAUNCHER_VARS = ("SLURM_NTASKS", "SLURM_STEP_NODELIST", "OMPI_COMM_WORLD_SIZE",
+                 "TPU_PROCESS_ADDRESSES", "TPU_WORKER_HOSTNAMES", "JAX_COORDINATOR_ADDRESS",
+                 "JAX_NUM_PROCESSES", "JAX_PROCESS_ID")
+
+
+def _max_diff(a, b) -> float:
+  diffs = jax.tree.map(lambda x, y: float(jnp.max(jnp.abs(jnp.asarray(x) - jnp.asarray(y)))),
+                       a, b)
+  return max(jax.tree.leaves(diffs))
+
+
+class MeshTest(parameterized.TestCase):
+
+  def test_shapes_and_axis_types(self):
+    mesh = sharding.make_mesh((2, 2, 2))
+    self.assertEqual(dict(mesh.shape), {"data": 2, "fsdp": 2, "tensor": 2})
+    self.assertEqual(mesh.axis_types, (AxisType.Auto,) * 3)
+    self.assertEqual(dict(sharding.make_mesh({"data": -1, "tensor": 2}).shape),
+                     {"data": 4, "fsdp": 1, "tensor": 2})
+    self.assertEqual(sharding.make_mesh({"fsdp": 4}).devices.size, 4)
+    explicit = sharding.make_mesh((-1, 1, 1), axis_types=(AxisType.Explicit,) * 3)
+    self.assertEqual(explicit.axis_types, (AxisType.Explicit,) * 3)
+    self.assertEqual(explicit.devices.size, 8)
+
+  @parameterized.named_parameters(
+      ("two_minus_one", (-1, -1, 2), "more than one -1"),
+      ("unknown_axis", {"data": 2, "model": 4}, "'model'"),
+      ("wrong_length", (2, 4), "must have 3 entries"),
+      ("not_dividing", (3, 1, 1), "multiple of 3 devices, but there are 8"),
+      ("not_dividing_minus_one", (-1, 3, 1), "multiple of 3 devices"),
+      ("zero", (0, 1, 1), "'data' has size 0"),
+  )
+  def test_bad_shapes_are_named(self, shape, message):
+    with self.assertRaisesRegex(ValueError, re.escape(message)):
+      sharding.make_mesh(shape)
+
+  def test_axis_types_need_one_per_axis(self):
+    with self.assertRaisesRegex(ValueError, "one AxisType per axis"):
+      sharding.make_mesh((2, 2, 2), axis_types=(AxisType.Auto,))
+
+
+class RulesTest(absltest.TestCase):
+
+  def test_complete_rules_replicates_unnamed_axes(self):
+    rules = dict(sharding.complete_rules([("embed", "fsdp"), ("batch", ["data", "fsdp"])]))
+    self.assertEqual(rules["batch"], ("data", "fsdp"))
+    self.assertIsNone(rules["layers"])
+    self.assertIsNone(rules["vocab"])
+    self.assertEqual(set(rules), set(sharding.LOGICAL_AXES))
+
+  def test_bad_rules_and_indivisible_dims_are_named(self):
+    mesh = sharding.make_mesh((2, 2, 2))
+    abstract = nnx.state(nnx.eval_shape(lambda: transformer.Transformer(
+        transformer.Config.named("tiny", mlp=129), rngs=nnx.Rngs(0))))
+    with self.assertRaisesRegex(ValueError, r"mlp.*_L(DF|FD).*129 is not a multiple of 2"):
+      sharding.tree_shardings(abstract, mesh, RULES)
+    with self.assertRaisesRegex(ValueError, r"\('mlp', 'model'\) names mesh axis 'model'"):
+      sharding.tree_shardings(abstract, mesh, [("mlp", "model")])
+
+    class Experts(nnx.Module):
+
+      def __init__(self):
+        self.w_E = transformer.logical_param(jnp.zeros((4,)), ("experts",))
+
+    with self.assertRaisesRegex(ValueError, r"w_E.*\['experts'\] with no sharding rule"):
+      sharding.tree_shardings(nnx.state(nnx.eval_shape(Experts)), mesh, RULES)
+
+
+def _batch(cfg, b: int, t: int) -> types.Batch:
+  rng = np.random.default_rng(0)
+  tokens_BT = rng.integers(0, cfg.vocab, (b, t)).astype(np.int32)
+  input_mask_BT = np.ones((b, t), bool)
+  input_mask_BT[::2, -2:] = False  # right padding on half the rows
+  loss_mask_BT = (np.arange(t)[None] >= t // 2) & input_mask_BT
+  return types.Batch(
+      tokens_BT=tokens_BT,
+      positions_BT=np.broadcast_to(np.arange(t, dtype=np.int32), (b, t)).copy(),
+      input_mask_BT=input_mask_BT, loss_mask_BT=loss_mask_BT.astype(np.float32),
+      adv_BT=np.repeat(rng.normal(size=(b, 1)), t, 1).astype(np.float32),
+      old_logp_BT=(-6.0 + 0.1 * rng.normal(size=(b, t))).astype(np.float32))
+
+
+def _vocab_parallel_logp(model, batch: types.Batch, mesh):
+  """[B, T] log-probs with column 0 = 0, as policy.token_logprobs, via the vocab-parallel op."""
+  b, t = batch.tokens_BT.shape
+  h_BTD = model.hidden(batch.tokens_BT, batch.positions_BT, batch.input_mask_BT)
+  logp_N = sharding.vocab_parallel_token_logprobs(
+      h_BTD[:, :-1].reshape(b * (t - 1), -1), model.unembed_DV(),
+      batch.tokens_BT[:, 1:].reshape(-1), mesh=mesh)
+  return jnp.pad(logp_N.reshape(b, t - 1), ((0, 0), (1, 0)))
+
+
+def _make_update_step(graphdef, tx, logp_fn):
+  """A GRPO-style step: PPO-clip surrogate, seq-mean-token-mean, Adam (style.md C3)."""
+
+  def loss_fn(params, batch: types.Batch):
+    logp_BT = logp_fn(nnx.merge(graphdef, params), batch)
+    pg_BT, _ = pg.ppo_clip(logp_BT, batch.old_logp_BT, batch.adv_BT, batch.loss_mask_BT)
+    return aggregation.aggregate(pg_BT, batch.loss_mask_BT, "seq-mean-token-mean")
+
+  def update_step(state: types.TrainState, batch: types.Batch):
+    loss, grads = jax.value_and_grad(loss_fn)(state.params, batch)
+    updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    metrics = {"loss": loss, "grad_norm": optax.tree.norm(grads)}
+    return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics
+
+  return update_step
+
+
+class ShardedModelTest(absltest.TestCase):
+  """The tiny model on a 2x2x2 mesh against the same model on one device."""
+
+  @classmethod
+  def setUpClass(cls):
+    super().setUpClass()
+    cls.cfg = transformer.Config.named("tiny")
+    cls.new_model = lambda: transformer.Transformer(cls.cfg, rngs=nnx.Rngs(0))
+    cls.mesh = sharding.make_mesh((2, 2, 2))
+    cls.tx = optax.adam(1e-3)
+    cls.graphdef, cls.params = sharding.create_sharded(cls.new_model, cls.mesh, RULES)
+    cls.ref_graphdef, cls.ref_params = nnx.split(cls.new_model())
+    cls.batch = _batch(cls.cfg, b=8, t=8)
+
+  def test_params_and_optimizer_state_are_born_sharded(self):
+    specs = jax.tree.map(lambda x: x.sharding.spec, nnx.to_pure_dict(self.params))
+    self.assertEqual(specs["embedding_VD"], P("tensor", "fsdp"))
+    self.assertEqual(specs["layers"]["mlp"]["up_LDF"], P(None, "fsdp", "tensor"))
+    self.assertEqual(specs["layers"]["attn"]["k_LDHK"], P(None, "fsdp", "tensor", None))
+    self.assertEqual(specs["layers"]["attn"]["o_LHKD"], P(None, "tensor", None, "fsdp"))
+    self.assertEqual(_max_diff(nnx.to_pure_dict(self.params),
+                               nnx.to_pure_dict(self.ref_params)), 0.0)
+    state, shardings = sharding.create_train_state(self.params, self.tx, self.mesh, RULES)
+    mu = nnx.to_pure_dict(state.opt_state[0].mu)
+    self.assertEqual(mu["embedding_VD"].sharding.spec, P("tensor", "fsdp"))
+    self.assertEqual(state.step.sharding.spec, P())
+    self.assertEqual(jax.tree.structure(shardings), jax.tree.structure(state))
+
+  def test_forward_and_logprobs_match_single_device(self):
+    def outputs(graphdef, vocab_parallel):
+      def f(params, batch):
+        model = nnx.merge(graphdef, params)
+        args = (batch.tokens_BT, batch.positions_BT, batch.input_mask_BT)
+        out = {"logits": model(*args), "logp": policy_lib.token_logprobs(model, *args)}
+        if vocab_parallel:
+          out["logp_vocab_parallel"] = _vocab_parallel_logp(model, batch, self.mesh)
+        return out
+      return f
+
+    ref = jax.jit(outputs(self.ref_graphdef, False))(self.ref_params, self.batch)
+    with jax.set_mesh(self.mesh):
+      got = jax.jit(outputs(self.graphdef, True))(
+          self.params, sharding.shard_batch(self.batch, self.mesh))
+    self.assertEqual(got["logits"].sharding.spec[0], ("data", "fsdp"))
+    self.assertLess(_max_diff(got["logits"], ref["logits"]), TOL)
+    self.assertLess(_max_diff(got["logp"], ref["logp"]), TOL)
+    self.assertLess(_max_diff(got["logp_vocab_parallel"], ref["logp"]), TOL)
+    self.assertGreater(float(jnp.abs(ref["logp"]).min(axis=0)[1:].max()), 1.0)  # not trivially 0
+
+  def test_update_step_matches_single_device(self):
+    ref_step = jax.jit(_make_update_step(
+        self.ref_graphdef, self.tx,
+        lambda m, b: policy_lib.token_logprobs(m, b.tokens_BT, b.positions_BT, b.input_mask_BT)))
+    ref_state = types.TrainState(step=jnp.int32(0), params=self.ref_params,
+                                 opt_state=self.tx.init(self.ref_params))
+    ref_state, ref_metrics = ref_step(ref_state, self.batch)
+
+    state, state_shardings = sharding.create_train_state(self.params, self.tx, self.mesh, RULES)
+    step = jax.jit(
+        _make_update_step(self.graphdef, self.tx,
+                          lambda m, b: _vocab_parallel_logp(m, b, self.mesh)),
+        in_shardings=(state_shardings, sharding.batch_sharding(self.mesh)),
+        out_shardings=(state_shardings, None), donate_argnums=0)
+    with jax.set_mesh(self.mesh):
+      state, metrics = step(state, sharding.shard_batch(self.batch, self.mesh))
+
+    self.assertLess(_max_diff(metrics, ref_metrics), TOL)
+    self.assertGreater(float(ref_metrics["grad_norm"]), 1e-3)
+    self.assertLess(_max_diff(nnx.to_pure_dict(state.params),
+                              nnx.to_pure_dict(ref_state.params)), TOL)
+    moved = _max_diff(nnx.to_pure_dict(state.params), nnx.to_pure_dict(self.ref_params))
+    self.assertGreater(moved, 1e-4)  # the update did change the params
+    self.assertLess(_max_diff(state.opt_state, ref_state.opt_state), TOL)
+    self.assertEqual(int(state.step), 1)
+    up = nnx.to_pure_dict(state.params)["layers"]["mlp"]["up_LDF"]
+    self.assertEqual(up.sharding.spec, P(None, "fsdp", "tensor"))
+
+
+class BatchAndReshardTest(absltest.TestCase):
+
+  def test_shard_batch_splits_rows_and_keeps_none_fields(self):
+    mesh = sharding.make_mesh((2, 2, 2))
+    batch = sharding.shard_batch(_batch(transformer.Config.named("tiny"), 8, 4), mesh)
+    self.assertEqual(batch.tokens_BT.sharding.spec, P(("data", "fsdp")))
+    self.assertEqual(batch.tokens_BT.addressable_shards[0].data.shape, (2, 4))
+    self.assertIsNone(batch.ref_logp_BT)
+    with self.assertRaisesRegex(ValueError, r"tokens_BT has 6 rows, not a multiple of the 4"):
+      sharding.shard_batch(_batch(transformer.Config.named("tiny"), 6, 4), mesh)
+
+  def test_reshard_between_learner_and_sampler_meshes(self):
+    learner = sharding.make_mesh((2, 2, 2))
+    sampler = sharding.make_mesh((1, 1, 8))
+    x = jax.device_put(jnp.arange(64.0).reshape(8, 8),
+                       jax.sharding.NamedSharding(learner, P(("data", "fsdp"), "tensor")))
+    y = sharding.reshard({"x": x}, {"x": jax.sharding.NamedSharding(sampler, P(None, "tensor"))})
+    self.assertEqual(y["x"].sharding.mesh.shape["tensor"], 8)
+    self.assertEqual(y["x"].addressable_shards[0].data.shape, (8, 1))
+    np.testing.assert_array_equal(y["x"], np.arange(64.0).reshape(8, 8))
+
+
+class VocabParallelTest(parameterized.TestCase):
+
+  @parameterized.named_parameters(
+      ("plain", 1.0, None, False),
+      ("temperature_softcap_entropy", 0.7, 5.0, True),
+  )
+  def test_matches_reference_in_value_and_gradient(self, temperature, softcap, entropy):
+    n, d, v = 16, 32, 384  # v appears in no compiled shape unless the vocabulary is gathered
+    rng = np.random.default_rng(1)
+    h_ND = jnp.asarray(rng.normal(size=(n, d)), jnp.float32)
+    w_DV = jnp.asarray(rng.normal(size=(d, v)) / 4, jnp.float32)
+    y_N = jnp.asarray(rng.integers(0, v, n), jnp.int32)
+    a_N, b_N = (jnp.asarray(rng.normal(size=n), jnp.float32) for _ in range(2))
+    kw = dict(temperature=temperature, softcap=softcap, return_entropy=entropy)
+    mesh = sharding.make_mesh((2, 2, 2))
+
+    def loss(fn):
+      def f(h_ND, w_DV):
+        out = fn(h_ND, w_DV, y_N, **kw)
+        logp_N, ent_N = out if entropy else (out, jnp.zeros_like(out))
+        return (a_N * logp_N + b_N * ent_N).sum(), (logp_N, ent_N)
+      return jax.value_and_grad(f, argnums=(0, 1), has_aux=True)
+
+    ref = loss(ops.token_logprobs_reference)(h_ND, w_DV)
+    with jax.set_mesh(mesh):
+      fn = jax.jit(loss(functools.partial(sharding.vocab_parallel_token_logprobs, mesh=mesh)))
+      got = fn(h_ND, w_DV)
+      hlo = fn.lower(h_ND, w_DV).compile().as_text()
+    self.assertLess(_max_diff(got, ref), TOL)
+    self.assertGreater(float(jnp.abs(ref[1][1]).max()), 1e-2)  # non-trivial dW
+    self.assertNotRegex(hlo, rf"\b{v}\b")  # per-device shapes only: [.., {v // 2}]
+    self.assertRegex(hlo, rf"\[{d},{v // 2}\]")
+
+  def test_indivisible_sizes_are_named(self):
+    mesh = sharding.make_mesh((2, 2, 2))
+    with self.assertRaisesRegex(ValueError, r"V=7 divisible by tensor=2"):
+      sharding.vocab_parallel_token_logprobs(jnp.zeros((8, 4)), jnp.zeros((4, 7)),
+                                             jnp.zeros((8,), jnp.int32), mesh=mesh)
+
+
+_WORKER = textwrap.dedent("""
+    import os, sys
+    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+    os.environ["JAX_PLATFORMS"] = "cpu"
+    import jax
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    import jax.numpy as jnp
+    import numpy as np
+    from jax.sharding import NamedSharding, PartitionSpec as P
+    from agentrl import sharding, types
+    from kernels.logprob import ops
+
+    pid = int(sys.argv[2])
+    assert sharding.initialize_distributed(sys.argv[1], 2, pid, initialization_timeout=60)
+    mesh = sharding.make_mesh({"data": -1, "tensor": 2})
+    x = jax.make_array_from_process_local_data(
+        NamedSharding(mesh, P(sharding.MESH_AXES)), np.arange(4.0) + 4 * pid)
+    total = jax.shard_map(lambda x: jax.lax.psum(x, sharding.MESH_AXES), mesh=mesh,
+                          in_specs=P(sharding.MESH_AXES), out_specs=P())(x)
+    rows = np.full((4, 3), pid, np.int32)
+    batch = sharding.shard_batch(types.Batch(rows, rows, rows, rows.astype(np.float32)), mesh)
+    rows_sum = jax.jit(lambda b: b.tokens_BT.sum())(batch)
+    rng = np.random.default_rng(0)  # the same global arrays in both processes
+    h, w, y = rng.normal(size=(8, 16)), rng.normal(size=(16, 64)), rng.integers(0, 64, 8)
+    put = lambda a, spec: jax.make_array_from_callback(
+        a.shape, NamedSharding(mesh, spec), lambda i: a[i])
+    with jax.set_mesh(mesh):
+      logp = jax.jit(lambda *a: sharding.vocab_parallel_token_logprobs(*a, mesh=mesh),
+                     out_shardings=NamedSharding(mesh, P()))(
+          put(h.astype(np.float32), P(sharding.ROWS)), put(w.astype(np.float32), P(None, "tensor")),
+          put(y.astype(np.int32), P(sharding.ROWS)))
+    ref = ops.token_logprobs_reference(jnp.asarray(h, jnp.float32), jnp.asarray(w, jnp.float32), y)
+    err = float(np.abs(np.asarray(logp.addressable_data(0)) - np.asarray(ref)).max())
+    print("RESULT", jax.process_count(), jax.device_count(), float(total.addressable_data(0)[0]),
+          batch.tokens_BT.shape[0], int(rows_sum), err)
+""")
+
+
+class DistributedTest(absltest.TestCase):
+
+  def _clean_env(self, **env):
+    patched = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARS}
+    return mock.patch.dict(os.environ, {**patched, **env}, clear=True)
+
+  def test_single_process_is_a_noop(self):
+    with self._clean_env(), mock.patch.object(sharding, "_on_cloud_tpu_vm", return_value=False):
+      self.assertFalse(sharding.initialize_distributed())
+    with self._clean_env(JAX_NUM_PROCESSES="1", JAX_COORDINATOR_ADDRESS="10.0.0.1:1234"):
+      self.assertFalse(sharding.initialize_distributed())
+    with self._clean_env(SLURM_NTASKS="1", SLURM_STEP_NODELIST="n1"):
+      self.assertIsNone(sharding.cluster_launcher())
+    self.assertFalse(jax.distributed.is_initialized())
+    with self._clean_env(JAX_NUM_PROCESSES="two"):
+      with self.assertRaisesRegex(ValueError, "JAX_NUM_PROCESSES='two' must be an integer"):
+        sharding.initialize_distributed()
+
+  def test_launchers_are_detected_from_standard_env_vars(self):
+    cases = [({"SLURM_NTASKS": "16", "SLURM_STEP_NODELIST": "gpu[1-2]"}, "slurm"),
+             ({"OMPI_COMM_WORLD_SIZE": "4"}, "openmpi"),
+             ({"TPU_WORKER_HOSTNAMES": "t0,t1,t2,t3"}, "tpu")]
+    for env, launcher in cases:
+      with self._clean_env(**env):
+        self.assertEqual(sharding.cluster_launcher(), launcher)
+
+  def test_two_local_processes_share_one_mesh(self):
+    with socket.socket() as s:
+      s.bind(("127.0.0.1", 0))
+      port = s.getsockname()[1]
+    env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARS + ("XLA_FLAGS",)}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    procs = [subprocess.Popen([sys.executable, "-c", _WORKER, f"127.0.0.1:{port}", str(i)],
+                              cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True) for i in range(2)]
+    try:
+      outputs = [p.communicate(timeout=150)[0] for p in procs]
+    finally:
+      for p in procs:
+        if p.poll() is None:
+          p.kill()
+    for p, out in zip(procs, outputs):
+      self.assertEqual(p.returncode, 0, out[-3000:])
+      result = [line for line in out.splitlines() if line.startswith("RESULT")]
+      self.assertLen(result, 1, out[-3000:])
+      _, procs_n, devices, total, rows, rows_sum, err = result[0].split()
+      self.assertEqual((procs_n, devices, total, rows, rows_sum), ("2", "8", "28.0", "8", "12"))
+      self.assertLess(float(err), TOL)
+
+
+if __name__ == "__main__":
+  absltest.main()
