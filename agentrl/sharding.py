@@ -124,22 +124,25 @@ def _check_rules(rules, mesh: jax.sharding.Mesh) -> None:
                          f"mesh has {mesh.axis_names}.")
 
 
-def _check_leaf(path, leaf, sharding: NamedSharding, rules) -> None:
-  """Clear errors for a logical name without a rule, or a dim the mesh does not divide."""
-  if isinstance(leaf, nnx.Variable):
-    names = leaf.get_metadata().get("out_sharding") or ()
-    missing = [n for n in names if n is not None and n not in dict(rules)]
-    if missing:
-      raise ValueError(f"{jax.tree_util.keystr(path)} has logical axes {missing} with no "
-                       f"sharding rule; add e.g. ({missing[0]!r}, None) to the rules.")
-    leaf = leaf.get_value()
-  for dim, axes in zip(getattr(leaf, "shape", ()), sharding.spec):
+def _check_names(path, leaf, rules) -> None:
+  """A clear error for a logical axis name that no rule maps."""
+  names = leaf.get_metadata().get("out_sharding") or () if isinstance(leaf, nnx.Variable) else ()
+  missing = [n for n in names if isinstance(n, str) and n not in dict(rules)]
+  if missing:
+    raise ValueError(f"{jax.tree_util.keystr(path)} has logical axes {missing} with no "
+                     f"sharding rule; add e.g. ({missing[0]!r}, None) to the rules.")
+
+
+def _check_divisible(path, leaf, sharding: NamedSharding) -> None:
+  """A clear error for a dimension the mesh axes it is split over do not divide."""
+  shape = getattr(leaf, "shape", ())
+  for dim, axes in zip(shape, sharding.spec):
     axes = (axes,) if isinstance(axes, str) else axes or ()
     size = math.prod(sharding.mesh.shape[a] for a in axes)
     if dim % size:
-      raise ValueError(f"{jax.tree_util.keystr(path)} of shape {leaf.shape} cannot be split "
-                       f"as {sharding.spec} on mesh {dict(sharding.mesh.shape)}: {dim} is not "
-                       f"a multiple of {size}. Change the mesh or the sharding rules.")
+      raise ValueError(f"{jax.tree_util.keystr(path)} of shape {shape} cannot be split as "
+                       f"{sharding.spec} on mesh {dict(sharding.mesh.shape)}: {dim} is not a "
+                       f"multiple of {size}. Change the mesh or the sharding rules.")
 
 
 def tree_shardings(abstract_tree, mesh: jax.sharding.Mesh, rules) -> Any:
@@ -151,12 +154,14 @@ def tree_shardings(abstract_tree, mesh: jax.sharding.Mesh, rules) -> Any:
   """
   rules = complete_rules(rules)
   _check_rules(rules, mesh)
-  with nnx.logical_axis_rules(rules):
-    shardings = nnx.get_named_sharding(abstract_tree, mesh)
   is_var = lambda x: isinstance(x, nnx.Variable)
   leaves = jax.tree_util.tree_leaves_with_path(abstract_tree, is_leaf=is_var)
+  for path, leaf in leaves:
+    _check_names(path, leaf, rules)
+  with nnx.logical_axis_rules(rules):
+    shardings = nnx.get_named_sharding(abstract_tree, mesh)
   for (path, leaf), sharding in zip(leaves, jax.tree.leaves(shardings)):
-    _check_leaf(path, leaf, sharding, rules)
+    _check_divisible(path, leaf.get_value() if is_var(leaf) else leaf, sharding)
   return shardings
 
 
@@ -235,9 +240,14 @@ def _check_vma(impl: str) -> bool:
   return resolved in ("xla", "reference")
 
 
+def _local_targets(y_n, w_Dv):
+  """The shard holding vocab columns [v0, v0 + v) scores target y as column y - v0."""
+  return y_n - jax.lax.axis_index("tensor") * w_Dv.shape[1]
+
+
 def vocab_parallel_token_logprobs(hidden_ND, w_DV, targets_N, *, mesh: jax.sharding.Mesh,
                                   temperature: float = 1.0, softcap: float | None = None,
-                                  return_entropy: bool = False, impl: str = "xla",
+                                  return_entropy: bool = False, impl: str = "auto",
                                   block_sizes=None, interpret=False):
   """`kernels.logprob.ops.token_logprobs` with W's vocabulary split over `tensor`.
 
@@ -248,7 +258,8 @@ def vocab_parallel_token_logprobs(hidden_ND, w_DV, targets_N, *, mesh: jax.shard
   backward is the kernel's hand-written one with the global lse; `dh` is psum'd over `tensor`
   and `dW` over the row axes. A `custom_vjp` spans the whole op, so no autodiff runs through
   pmax (which has no differentiation rule). Requires N divisible by data·fsdp and V by tensor.
-  Returns float32 logp_N (and entropy_N).
+  Returns float32 logp_N (and entropy_N). `temperature`, `softcap`, `impl`, `block_sizes` and
+  `interpret` are as in `ops.token_logprobs` (a Pallas body runs with check_vma=False).
   """
   n, v, ways = targets_N.shape[0], w_DV.shape[-1], math.prod(mesh.shape[a] for a in ROWS)
   if n % ways or v % mesh.shape["tensor"]:
@@ -258,13 +269,11 @@ def vocab_parallel_token_logprobs(hidden_ND, w_DV, targets_N, *, mesh: jax.shard
             impl=impl, block_sizes=block_sizes, interpret=interpret)
   local = functools.partial(jax.shard_map, mesh=mesh)
 
-  def shifted(y_n, w_Dv):  # the shard holding columns [v0, v0 + v) scores targets y - v0
-    return y_n - jax.lax.axis_index("tensor") * w_Dv.shape[1]
-
   @local(in_specs=(P(ROWS, None), P(None, "tensor"), P(ROWS)), out_specs=(P(ROWS),) * 3,
          check_vma=_check_vma(impl))
   def forward(h_nD, w_Dv, y_n):
-    stats = ops.logprob_stats(h_nD, w_Dv, shifted(y_n, w_Dv), with_entropy=return_entropy, **kw)
+    stats = ops.logprob_stats(h_nD, w_Dv, _local_targets(y_n, w_Dv),
+                              with_entropy=return_entropy, **kw)
     return ops.finalize(ops.allreduce_stats(stats, "tensor"))
 
   # Every kernel backward scans dW from a plain jnp.zeros carry, which check_vma rejects as
@@ -272,8 +281,8 @@ def vocab_parallel_token_logprobs(hidden_ND, w_DV, targets_N, *, mesh: jax.shard
   @local(in_specs=(P(ROWS, None), P(None, "tensor"), P(ROWS)) + (P(ROWS),) * 4,
          out_specs=(P(ROWS, None), P(None, "tensor")), check_vma=False)
   def backward(h_nD, w_Dv, y_n, lse_n, mean_z_n, g_n, g_ent_n):
-    dh_nD, dw_Dv = ops.logprob_backward(h_nD, w_Dv, shifted(y_n, w_Dv), lse_n, mean_z_n, g_n,
-                                        g_ent_n if return_entropy else None, **kw)
+    dh_nD, dw_Dv = ops.logprob_backward(h_nD, w_Dv, _local_targets(y_n, w_Dv), lse_n, mean_z_n,
+                                        g_n, g_ent_n if return_entropy else None, **kw)
     return jax.lax.psum(dh_nD, "tensor"), jax.lax.psum(dw_Dv, ROWS)
 
   def fwd(h_ND, w_DV, y_N):

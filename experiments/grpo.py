@@ -77,7 +77,8 @@ def get_config(arg: str | None = None) -> mlc.ConfigDict:
                  head_dim=8, mlp=256, path="", dtype="float32", logprob_impl="xla")
   c.sft = sft.get_config().sft
   # G in the GRPO paper: completions sampled per prompt.
-  c.rollout = dict(prompts_per_step=64, group_size=8, max_new_tokens=8, max_len=32,
+  # max_len bounds prompt + response and is the fixed packed length T (one compiled shape).
+  c.rollout = dict(prompts_per_step=64, group_size=8, max_new_tokens=6, max_len=16,
                    temperature=1.0)
   c.loss = dict(eps_low=0.2, eps_high=0.2, kl_coef=0.0, kl_kind="k3", agg="seq-mean-token-mean",
                 norm_by_std=True)
@@ -85,8 +86,7 @@ def get_config(arg: str | None = None) -> mlc.ConfigDict:
   c.updates = dict(epochs=1, minibatches=2)
   c.eval = dict(num_problems=1000, every=25)
   c.mesh = dict(data=1, fsdp=1, tensor=1)
-  c.sharding_rules = [("embed", "fsdp"), ("mlp", "tensor"), ("heads", "tensor"),
-                      ("kv_heads", "tensor"), ("vocab", "tensor"), ("batch", ("data", "fsdp"))]
+  c.sharding_rules = list(sharding.DEFAULT_RULES)
   c.log = dict(save_every=25, keep=2, tensorboard=True, wandb_project="")
 
   if arg.preset == "smollm2":
@@ -115,7 +115,7 @@ def get_config(arg: str | None = None) -> mlc.ConfigDict:
   if arg.smoke:  # Seconds on CPU; run by tests/experiments_smoke_test.py.
     c.total_steps = 2
     c.sft.update(steps_max=2, batch_size=8, eval_every=1, eval_problems=8)
-    c.rollout.update(prompts_per_step=2, group_size=2, max_new_tokens=8)
+    c.rollout.update(prompts_per_step=2, group_size=2, max_new_tokens=8, max_len=24)
     c.updates.minibatches = 1
     c.eval.update(num_problems=4, every=0)
     c.log.save_every = 1
@@ -140,7 +140,7 @@ SCHEMA = {
     "model.path": configs.Key(str),
     "model.dtype": configs.Key(str, choices=("float32", "bfloat16")),
     "model.logprob_impl": configs.Key(str, choices=("auto", "xla", "reference", "pallas")),
-    "sft": configs.Key(dict),
+    **{f"sft.{key}": spec for key, spec in sft.SCHEMA_SFT.items()},
     "rollout.prompts_per_step": configs.Key(int, min=1),
     "rollout.group_size": configs.Key(int, min=2, why="for GRPO"),
     "rollout.max_new_tokens": configs.Key(int, min=1),
@@ -172,7 +172,6 @@ SCHEMA = {
 def validate(config: mlc.ConfigDict) -> None:
   """Fails on the first bad key with a message that names it (architecture.md §6)."""
   configs.validate(config, SCHEMA)
-  configs.validate(config.sft, sft.SCHEMA_SFT)
   rc = config.rollout
   batch = rc.prompts_per_step * rc.group_size
   configs.divides("updates.minibatches", config.updates.minibatches,
@@ -287,7 +286,7 @@ def held_out_success(sampler, tok, make_env, params, *, num: int, max_new_tokens
   return float(np.mean([loop.trajectory_success(t) for t in trajs]))
 
 
-def warm_start_params(config, workdir, graphdef, params, tok):
+def warm_start_params(config, workdir, mesh, graphdef, params, tok):
   """SFT for a scratch model, cached in <workdir>/warm_start so a resumed run skips it."""
   if config.model.init != "scratch":
     return params, {}
@@ -297,7 +296,8 @@ def warm_start_params(config, workdir, graphdef, params, tok):
     tree, info = ckpt.restore({"params": params})
     ckpt.close()
     return tree["params"], info
-  params, info = sft.warm_start(graphdef, params, tok, digits=config.task.digits,
+  params, info = sft.warm_start(graphdef, params, tok, mesh=mesh, rules=config.sharding_rules,
+                                digits=config.task.digits,
                                 logprob_impl=config.model.logprob_impl, **config.sft)
   info = {k: info[k] for k in ("steps", "success", "seconds")}
   ckpt.save(0, {"params": params}, info, force=True)
@@ -318,7 +318,7 @@ def train(config: mlc.ConfigDict, workdir: str) -> dict:
 
   # ---- Policy, warm start and optimizer.
   tok, graphdef, params = build_policy(config, mesh)
-  params, sft_info = warm_start_params(config, workdir, graphdef, params, tok)
+  params, sft_info = warm_start_params(config, workdir, mesh, graphdef, params, tok)
   ref_params = jax.tree.map(jnp.copy, params)  # the update donates params; the anchor stays
   tx = make_optimizer(config.optim, config.total_steps)
   state, state_shardings = sharding.create_train_state(params, tx, mesh, config.sharding_rules)
@@ -345,7 +345,7 @@ def train(config: mlc.ConfigDict, workdir: str) -> dict:
                             rng=rng, group_size=rc.group_size, max_turns=1,
                             max_new_tokens=rc.max_new_tokens, max_len=rc.max_len,
                             temperature=rc.temperature, chat_template=config.task.chat_template,
-                            sharding=sharding.batch_sharding(mesh))
+                            min_len=rc.max_len, sharding=sharding.batch_sharding(mesh))
 
   def evaluate(params):
     return {"success": held_out_success(

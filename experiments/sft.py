@@ -33,6 +33,8 @@ import optax
 from agentrl import checkpoint
 from agentrl import configs
 from agentrl import metrics as metrics_lib
+from agentrl import sharding
+from agentrl import types
 from agentrl.data import generators
 from agentrl.envs import arithmetic
 from agentrl.models import policy as policy_lib
@@ -56,10 +58,24 @@ def get_config(arg: str | None = None) -> mlc.ConfigDict:
   # steps_max is an upper bound: SFT stops once validation greedy exact-match >= target.
   c.sft = dict(steps_max=2000, target_success=0.2, batch_size=64, lr=1e-3, b2=0.99,
                clip_norm=1.0, eval_every=25, eval_problems=512)
+  c.mesh = dict(data=1, fsdp=1, tensor=1)
+  c.sharding_rules = list(sharding.DEFAULT_RULES)
   if arg.smoke:  # Seconds on CPU; run by tests/experiments_smoke_test.py.
     c.sft.update(steps_max=2, batch_size=8, eval_every=1, eval_problems=8)
   return c
 
+
+# The `sft` sub-config; experiments/grpo.py embeds the same dict.
+SCHEMA_SFT = {
+    "steps_max": configs.Key(int, min=1),
+    "target_success": configs.Key(float, min=0.0, max=1.0),
+    "batch_size": configs.Key(int, min=1),
+    "lr": configs.Key(float, min=0.0),
+    "b2": configs.Key(float, min=0.0, max=1.0),
+    "clip_norm": configs.Key(float, min=0.0),
+    "eval_every": configs.Key(int, min=1),
+    "eval_problems": configs.Key(int, min=1),
+}
 
 SCHEMA = {
     "seed": configs.Key(int, min=0),
@@ -72,18 +88,9 @@ SCHEMA = {
     "model.head_dim": configs.Key(int, min=2),
     "model.mlp": configs.Key(int, min=1),
     "model.logprob_impl": configs.Key(str, choices=("auto", "xla", "reference", "pallas")),
-    "sft": configs.Key(dict),
-}
-# The `sft` sub-config; experiments/grpo.py embeds the same dict.
-SCHEMA_SFT = {
-    "steps_max": configs.Key(int, min=1),
-    "target_success": configs.Key(float, min=0.0, max=1.0),
-    "batch_size": configs.Key(int, min=1),
-    "lr": configs.Key(float, min=0.0),
-    "b2": configs.Key(float, min=0.0, max=1.0),
-    "clip_norm": configs.Key(float, min=0.0),
-    "eval_every": configs.Key(int, min=1),
-    "eval_problems": configs.Key(int, min=1),
+    "mesh": configs.Key(dict),
+    "sharding_rules": configs.Key(list),
+    **{f"sft.{key}": spec for key, spec in SCHEMA_SFT.items()},
 }
 
 
@@ -157,11 +164,11 @@ def _update_step(graphdef, tx, *, logprob_impl: str):
     mask_BT = batch["loss_mask_BT"]
     return -(logp_BT * mask_BT).sum() / jnp.maximum(mask_BT.sum(), 1.0)
 
-  def update_step(state, batch):
-    loss, grads = jax.value_and_grad(loss_fn)(state["params"], batch)
-    updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
-    params = optax.apply_updates(state["params"], updates)
-    return ({"params": params, "opt_state": opt_state},
+  def update_step(state: types.TrainState, batch):
+    loss, grads = jax.value_and_grad(loss_fn)(state.params, batch)
+    updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    return (state.replace(step=state.step + 1, params=params, opt_state=opt_state),
             {"loss": loss, "grad_norm": optax.tree.norm(grads)})
 
   return update_step
@@ -181,50 +188,55 @@ def make_eval_step(graphdef):
   return eval_step
 
 
-def warm_start(graphdef, params, tok, *, digits: int, logprob_impl: str, steps_max: int,
-               target_success: float, batch_size: int, lr: float, b2: float, clip_norm: float,
-               eval_every: int, eval_problems: int, log=print) -> tuple[nnx.State, dict]:
+def warm_start(graphdef, params, tok, *, mesh, rules, digits: int, logprob_impl: str,
+               steps_max: int, target_success: float, batch_size: int, lr: float, b2: float,
+               clip_norm: float, eval_every: int, eval_problems: int,
+               log=print) -> tuple[nnx.State, dict]:
   """Runs SFT from `params` until `target_success` or `steps_max`; returns (params, info)."""
   length = sequence_length(tok, digits)
   tx = optax.chain(optax.clip_by_global_norm(clip_norm), optax.adam(lr, b2=b2))
+  state, state_shardings = sharding.create_train_state(params, tx, mesh, rules)
+  # Pinned output shardings keep every call on the first call's compiled program.
   update_step = jax.jit(_update_step(graphdef, tx, logprob_impl=logprob_impl),
-                        donate_argnames="state")
+                        donate_argnames="state", out_shardings=(state_shardings, None))
   eval_step = jax.jit(make_eval_step(graphdef))
+  rows = sharding.batch_sharding(mesh)
   valid = jax.device_put(encode_gold(tok, problems(VALID_SEED_BASE, eval_problems, digits),
-                                     length))
+                                     length), rows)
   evaluate = lambda p: float(jax.device_get(eval_step(p, valid)).mean())
-  state = {"params": params, "opt_state": tx.init(params)}
-  history, success, step, start = [], evaluate(params), 0, time.perf_counter()
+  history, success, step, start = [], evaluate(state.params), 0, time.perf_counter()
   while success < target_success and step < steps_max:
     batch = jax.device_put(encode_gold(
-        tok, problems(SFT_SEED_BASE + step * batch_size, batch_size, digits), length))
+        tok, problems(SFT_SEED_BASE + step * batch_size, batch_size, digits), length), rows)
     state, m = update_step(state, batch)
     step += 1
     if step % eval_every == 0 or step == steps_max:
-      success = evaluate(state["params"])
+      success = evaluate(state.params)
       loss = float(jax.device_get(m["loss"]))
       history.append({"step": step, "loss": loss, "success": success})
       log(f"sft step {step}/{steps_max} | loss {loss:.3f} | validation greedy success "
           f"{success:.1%}")
   info = {"steps": step, "success": success, "seconds": time.perf_counter() - start,
           "history": history}
-  return state["params"], info
+  return state.params, info
 
 
-def init_model(config, tok) -> tuple[nnx.GraphDef, nnx.State]:
-  model = transformer.Transformer(model_config(config.model, tok.vocab_size),
-                                  rngs=nnx.Rngs(config.seed))
-  return nnx.split(model)
+def init_model(config, tok, mesh, rules) -> tuple[nnx.GraphDef, nnx.State]:
+  """(graphdef, params) of a fresh tiny transformer for `tok`, created sharded on mesh."""
+  cfg = model_config(config.model, tok.vocab_size)
+  return sharding.create_sharded(lambda: transformer.Transformer(cfg, rngs=nnx.Rngs(config.seed)),
+                                 mesh, rules)
 
 
 def train(config: mlc.ConfigDict, workdir: str) -> dict:
   """SFT from scratch; writes metrics.jsonl, a params checkpoint and summary.json."""
   configs.validate(config, SCHEMA)
-  configs.validate(config.sft, SCHEMA_SFT)
   tok = build_tokenizer(config.task.digits)
-  graphdef, params = init_model(config, tok)
-  params, info = warm_start(graphdef, params, tok, digits=config.task.digits,
-                            logprob_impl=config.model.logprob_impl, **config.sft)
+  mesh = sharding.make_mesh(config.mesh)
+  graphdef, params = init_model(config, tok, mesh, config.sharding_rules)
+  params, info = warm_start(graphdef, params, tok, mesh=mesh, rules=config.sharding_rules,
+                            digits=config.task.digits, logprob_impl=config.model.logprob_impl,
+                            **config.sft)
   writer = metrics_lib.Writer(workdir, total_steps=info["steps"], console=False)
   for record in info["history"]:
     writer.write(record["step"], {k: v for k, v in record.items() if k != "step"})

@@ -88,6 +88,7 @@ class SmolLM2ParityTest(absltest.TestCase):
   def test_logits_and_greedy_continuation(self):
     g = self.golden
     model = hf.load_model(hf.smollm2_path(), dtype="float32")
+    self.assertEqual(model.cfg, transformer.Config.named("smollm2-135m", dtype="float32"))
     graphdef, params = nnx.split(model)
     tokens_BT, positions_BT, mask_BT = g["tokens"], g["positions"], g["mask"]
     (b, t), n = tokens_BT.shape, g["greedy"].shape[1]

@@ -175,6 +175,9 @@ class _Safetensors:
   def names(self):
     return set(self.files)
 
+  def display(self, name):
+    return name
+
   def shape(self, name):
     return tuple(self.files[name].get_slice(name).get_shape())
 
@@ -217,6 +220,9 @@ class _Gguf:
   def names(self):
     return set(self.tensors)
 
+  def display(self, name):
+    return f"{self.tensors[name].name} (HF {name})"
+
   def shape(self, name):
     return self.tensors[name].shape
 
@@ -233,7 +239,7 @@ class _Gguf:
 
 
 def _read(source, cfg: transformer.Config):
-  """Reads, checks and converts every tensor the config needs into a params pure dict."""
+  """Reads, checks and converts every tensor the config needs: (graphdef, params State)."""
   graphdef, state = _abstract_state(cfg)
   abstract = nnx.to_pure_dict(state)
   available = source.names()
@@ -251,15 +257,17 @@ def _read(source, cfg: transformer.Config):
         raise ValueError(f"{source.where} is missing tensor {name!r} (expected shape "
                          f"{_hf_shape(kind, shape)}) for {_describe(cfg)}.")
       if source.shape(actual) != _hf_shape(kind, shape):
-        raise ValueError(f"Tensor {actual!r} in {source.where} has shape {source.shape(actual)}, "
-                         f"expected {_hf_shape(kind, shape)} for {_describe(cfg)}.")
+        raise ValueError(f"Tensor {source.display(actual)!r} in {source.where} has shape "
+                         f"{source.shape(actual)}, expected {_hf_shape(kind, shape)} for "
+                         f"{_describe(cfg)}.")
       used.add(actual)
       arrays.append(np.asarray(_to_ours(kind, source.get(actual), shape), cfg.param_dtype))
     _set(values, path, jnp.asarray(np.stack(arrays) if per_layer else arrays[0]))
   unused = sorted(n for n in available - used if not _ignorable(n, cfg))
   if unused:
     raise ValueError(f"{source.where} has {len(unused)} tensor(s) the {cfg.family} decoder does "
-                     f"not use, e.g. {unused[:4]}: the config does not match the weights.")
+                     f"not use, e.g. {[source.display(n) for n in unused[:4]]}: the config does "
+                     "not match the weights.")
   nnx.replace_by_pure_dict(state, values)
   return graphdef, state
 

@@ -195,14 +195,15 @@ def config_to_hf(cfg: transformer.Config) -> dict[str, Any]:
     hf["hidden_activation"] = act
   if cfg.family in ("gemma2", "gemma3"):
     types = ["sliding_attention" if local else "full_attention" for local in cfg.local_layers]
-    hf.update(query_pre_attn_scalar=cfg.query_pre_attn_scalar or cfg.head_dim,
+    scalar = cfg.query_pre_attn_scalar or cfg.head_dim
+    # transformers 5 validates types strictly: this one must be an int when integral.
+    hf.update(query_pre_attn_scalar=int(scalar) if float(scalar).is_integer() else scalar,
               attn_logit_softcapping=cfg.attn_logit_softcap,
               final_logit_softcapping=cfg.final_logit_softcap, layer_types=types,
-              sliding_window=cfg.sliding_window or cfg.max_len,
-              sliding_window_pattern=cfg.sliding_window_pattern)
+              sliding_window=cfg.sliding_window or cfg.max_len)
   if cfg.family == "gemma3":
     local_theta = cfg.rope_local_theta or cfg.rope_theta
-    hf["rope_local_base_freq"] = local_theta
+    hf.update(rope_local_base_freq=local_theta, sliding_window_pattern=cfg.sliding_window_pattern)
     hf["rope_parameters"] = {"full_attention": full, "sliding_attention": {
         "rope_type": "default", "rope_theta": local_theta}}
   return hf
@@ -246,7 +247,7 @@ def _llama3_from_freqs(reader, theta: float, head_dim: int, where: str) -> dict[
                              head_dim=head_dim, mlp=1, rope_theta=theta, **fields)
   plain = transformer.Config(vocab=1, width=head_dim, depth=1, heads=1, kv_heads=1,
                              head_dim=head_dim, mlp=1, rope_theta=theta)
-  ratio = transformer._inv_freq(plain, False) / transformer._inv_freq(probe, False)  # pylint: disable=protected-access
+  ratio = transformer.rope_inv_freq(plain, False) / transformer.rope_inv_freq(probe, False)
   if not np.allclose(ratio, divisors, rtol=1e-3):
     raise ValueError(f"{where}: rope_freqs does not match Llama-3 scaling with "
                      "low_freq_factor=1, high_freq_factor=4, original context 8192.")
@@ -284,9 +285,12 @@ def config_from_gguf(reader, *, where: str = "model.gguf", **overrides) -> trans
   if arch in ("gemma2", "gemma3"):
     # llama.cpp hard-codes these per architecture (27B models use width / heads).
     big = depth in (46, 62)
+    pattern = key("attention.sliding_window_pattern", 2 if arch == "gemma2" else 6)
+    if isinstance(pattern, list):  # newer files: one "uses the window" flag per layer
+      pattern = _pattern(["sliding_attention" if s else "full_attention" for s in pattern], where)
     fields.update(query_pre_attn_scalar=float(width // heads if big else head_dim),
                   sliding_window=int(key("attention.sliding_window")),
-                  sliding_window_pattern=2 if arch == "gemma2" else 6)
+                  sliding_window_pattern=int(pattern))
   if arch == "gemma2":
     fields.update(attn_logit_softcap=float(key("attn_logit_softcapping", 50.0)),
                   final_logit_softcap=float(key("final_logit_softcapping", 30.0)))

@@ -244,8 +244,8 @@ def write_gguf(path, cfg, hf_tensors):
     w.add_rope_scaling_factor(cfg.rope_factor)
   if cfg.rope_scaling == "llama3":
     plain = dataclasses.replace(cfg, rope_scaling="default")
-    w.add_tensor("rope_freqs.weight", transformer._inv_freq(plain, False)  # pylint: disable=protected-access
-                 / transformer._inv_freq(cfg, False))  # pylint: disable=protected-access
+    w.add_tensor("rope_freqs.weight", transformer.rope_inv_freq(plain, False)
+                 / transformer.rope_inv_freq(cfg, False))
   glob = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight":
           "output_norm.weight", "lm_head.weight": "output.weight"}
   for name, x in hf_tensors.items():

@@ -219,7 +219,8 @@ def _load_sentencepiece(path: str = "", model_proto: bytes | None = None) -> Tok
 def _load_gguf(path: str) -> Tokenizer:
   """Byte-level BPE from tokenizer.ggml.{tokens,merges,token_type} (offline_resources §6)."""
   import tokenizers  # pylint: disable=g-import-not-at-top
-  from tokenizers import decoders, models, pre_tokenizers  # pylint: disable=g-import-not-at-top
+  # pylint: disable-next=g-import-not-at-top
+  from tokenizers import decoders, models, pre_tokenizers
   from agentrl.models import gguf_file  # pylint: disable=g-import-not-at-top
   field = gguf_file.GgufFile(path).fields.get
   kind, pre = field("tokenizer.ggml.model"), field("tokenizer.ggml.pre", "default")

@@ -19,7 +19,8 @@ LINES = [" ".join(_WORDS[(i * 7 + j) % len(_WORDS)] for j in range(12)) for i in
 def _hf_tokenizer_dir(config):
   """A small byte-level BPE tokenizer.json (+ tokenizer_config.json) trained in-process."""
   import tokenizers  # pylint: disable=g-import-not-at-top
-  from tokenizers import decoders, models, pre_tokenizers, trainers  # pylint: disable=g-import-not-at-top
+  # pylint: disable-next=g-import-not-at-top
+  from tokenizers import decoders, models, pre_tokenizers, trainers
   tok = tokenizers.Tokenizer(models.BPE())
   tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
   tok.decoder = decoders.ByteLevel()

@@ -210,7 +210,7 @@ def _rms_norm(cfg: Config, x, scale):
   return y.astype(x.dtype) * scale.astype(x.dtype)
 
 
-def _inv_freq(cfg: Config, local: bool) -> np.ndarray:
+def rope_inv_freq(cfg: Config, local: bool) -> np.ndarray:
   """RoPE inverse frequencies [K/2], with the rescaling of the layer's kind (HF conventions)."""
   theta = cfg.rope_local_theta if local and cfg.rope_local_theta is not None else cfg.rope_theta
   exponents = np.arange(0, cfg.head_dim, 2, dtype=np.float32) / np.float32(cfg.head_dim)
@@ -232,7 +232,7 @@ def _inv_freq(cfg: Config, local: bool) -> np.ndarray:
 
 
 def _rope_tables(cfg: Config, positions_BT, local: bool):
-  angle_BTk = positions_BT.astype(jnp.float32)[..., None] * _inv_freq(cfg, local)[None, None]
+  angle_BTk = positions_BT.astype(jnp.float32)[..., None] * rope_inv_freq(cfg, local)[None, None]
   return jnp.sin(angle_BTk), jnp.cos(angle_BTk)
 
 
@@ -374,7 +374,9 @@ class Transformer(nnx.Module):
     return logits_BTV, KVCache(k_LBSHK, v_LBSHK, valid_BS, pos_BS)
 
   def _embed(self, tokens_BT):
-    x_BTD = jnp.take(self.embedding_VD[...], tokens_BT, axis=0).astype(self.cfg.dtype)
+    # Clip, not NaN-fill: a stray out-of-range pad id must not poison attention sums.
+    x_BTD = jnp.take(self.embedding_VD[...], tokens_BT, axis=0, mode="clip")
+    x_BTD = x_BTD.astype(self.cfg.dtype)
     if self.cfg.embed_scale:  # Gemma rounds sqrt(D) to the compute dtype first
       x_BTD = x_BTD * jnp.asarray(math.sqrt(self.cfg.width), self.cfg.dtype)
     return x_BTD

@@ -77,7 +77,7 @@ class ConfigTest(parameterized.TestCase):
   def test_llama3_rope_rescales_only_low_frequencies(self):
     cfg = transformer.Config.named("llama-3.1-8b")
     plain = dataclasses.replace(cfg, rope_scaling="default")
-    ratio = transformer._inv_freq(plain, False) / transformer._inv_freq(cfg, False)  # pylint: disable=protected-access
+    ratio = transformer.rope_inv_freq(plain, False) / transformer.rope_inv_freq(cfg, False)
     np.testing.assert_allclose(ratio[:20], 1.0)      # wavelength < 8192 / 4: untouched
     np.testing.assert_allclose(ratio[-10:], 8.0, rtol=1e-6)  # wavelength > 8192: / factor
     self.assertNotEmpty(ratio[(ratio > 1.0 + 1e-3) & (ratio < 8.0 - 1e-3)])  # smoothed band
@@ -150,7 +150,8 @@ class TransformerTest(parameterized.TestCase):
   def test_dtypes(self):
     cfg = transformer.Config.named("tiny", param_dtype="bfloat16", dtype="bfloat16")
     model = nnx.eval_shape(lambda: transformer.Transformer(cfg, rngs=nnx.Rngs(0)))
-    self.assertEqual(model.layers.attn.q_LDHK.value.dtype, jnp.bfloat16)
+    self.assertEqual(nnx.to_pure_dict(nnx.state(model))["layers"]["attn"]["q_LDHK"].dtype,
+                     jnp.bfloat16)
     tokens_BT = jnp.zeros((1, 4), jnp.int32)
     positions_BT = jnp.arange(4)[None]
     graphdef, params = nnx.split(model)

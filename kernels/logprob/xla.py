@@ -20,8 +20,13 @@ from kernels.logprob import common
 
 @dataclasses.dataclass(frozen=True)
 class BlockSizes:
-  """rows: tokens per chunk; peak extra memory is a few `rows × V` float32 buffers."""
-  rows: int = 1024
+  """Tokens per chunk: `rows`, or when None the multiple of 8 whose `rows × V` float32 logits
+  fit in `chunk_bytes`. Peak extra memory is about two such buffers (+ the f32 dW in the
+  backward). The 64 MiB default bounds memory on any V; accelerators reach higher matmul
+  intensity with rows ≈ 1–4k (kernels.md §3, §8.4) where memory allows.
+  """
+  rows: int | None = None
+  chunk_bytes: int = 64 * 2**20
 
 
 def _chunk(x, rows: int):
@@ -33,10 +38,13 @@ def _chunk(x, rows: int):
   return x.reshape((n + pad) // rows, rows, *x.shape[1:])
 
 
-def _rows(n: int, block_sizes: BlockSizes) -> int:
-  if block_sizes.rows <= 0:
-    raise ValueError(f"xla.BlockSizes.rows must be positive, got {block_sizes.rows}.")
-  return min(block_sizes.rows, n)
+def _rows(n: int, v: int, block_sizes: BlockSizes) -> int:
+  rows = block_sizes.rows
+  if rows is None:
+    rows = max(8, block_sizes.chunk_bytes // (4 * v) // 8 * 8)
+  if rows <= 0:
+    raise ValueError(f"xla.BlockSizes.rows must be positive, got {rows}.")
+  return min(rows, n)
 
 
 def _logits(h_nD, w_DV):
@@ -48,7 +56,7 @@ def forward_stats(hidden_ND, w_DV, targets_N, *, temperature: float = 1.0,
                   block_sizes: BlockSizes = BlockSizes()) -> common.Stats:
   """Per-token `Stats` over the columns of `w_DV` (targets outside `[0, V)` give t = 0)."""
   n, v = hidden_ND.shape[0], w_DV.shape[1]
-  rows = _rows(n, block_sizes)
+  rows = _rows(n, v, block_sizes)
   col_1V = jnp.arange(v, dtype=jnp.int32)[None, :]
 
   def one_chunk(args):
@@ -69,14 +77,14 @@ def backward(hidden_ND, w_DV, targets_N, lse_N, mean_z_N, g_N, g_ent_N, *,
   """
   n, d = hidden_ND.shape
   v = w_DV.shape[1]
-  rows = _rows(n, block_sizes)
+  rows = _rows(n, v, block_sizes)
   col_1V = jnp.arange(v, dtype=jnp.int32)[None, :]
   # Padded rows have g = g_ent = 0 and h = 0, so they add nothing to dW.
   per_token = [lse_N, mean_z_N, g_N] + ([] if g_ent_N is None else [g_ent_N])
   xs = (_chunk(hidden_ND, rows), _chunk(targets_N, rows),
         [_chunk(x.astype(jnp.float32), rows) for x in per_token])
 
-  def step(dw_DV, args):
+  def step(dw_VD, args):
     h_nD, y_n, per_tok = args
     lse, mean_z, g = (x[:, None] for x in per_tok[:3])
     g_ent = per_tok[3][:, None] if g_ent_N is not None else None
@@ -87,9 +95,11 @@ def backward(hidden_ND, w_DV, targets_N, lse_N, mean_z_N, g_N, g_ent_N, *,
     ds_nV = ds_nV.astype(w_DV.dtype)
     dh_nD = jax.lax.dot_general(ds_nV, w_DV, (((1,), (1,)), ((), ())),
                                 preferred_element_type=jnp.float32)
-    dw_DV = dw_DV + jax.lax.dot_general(h_nD, ds_nV, (((0,), (0,)), ((), ())),
+    # dW accumulates as [V, D] = dSᵀ h: on CPU the hᵀ dS form ([D, V] output) runs at half
+    # the matmul speed; one transpose at the end is cheap.
+    dw_VD = dw_VD + jax.lax.dot_general(ds_nV, h_nD, (((0,), (0,)), ((), ())),
                                         preferred_element_type=jnp.float32)
-    return dw_DV, dh_nD
+    return dw_VD, dh_nD
 
-  dw_DV, dh_cnD = jax.lax.scan(step, jnp.zeros((d, v), jnp.float32), xs)
-  return dh_cnD.reshape(-1, d)[:n], dw_DV
+  dw_VD, dh_cnD = jax.lax.scan(step, jnp.zeros((v, d), jnp.float32), xs)
+  return dh_cnD.reshape(-1, d)[:n], dw_VD.T

@@ -1,0 +1,86 @@
+"""Bad experiment configs fail up front with a message naming the key (architecture.md §6).
+
+Every check here runs before any model is built, so the whole file takes about a second.
+"""
+import importlib
+
+from absl.testing import absltest
+from absl.testing import parameterized
+
+from agentrl import configs
+
+RL_EXPERIMENTS = ("grpo",)
+
+
+def _module(name):
+  return importlib.import_module(f"experiments.{name}")
+
+
+class PresetTest(parameterized.TestCase):
+
+  @parameterized.parameters(*[(name,) for name in RL_EXPERIMENTS])
+  def test_default_and_smoke_presets_validate(self, name):
+    module = _module(name)
+    for arg in (None, "smoke"):
+      module.validate(module.get_config(arg))
+
+  def test_grpo_presets(self):
+    grpo = _module("grpo")
+    grpo.validate(grpo.get_config("smollm2"))
+    grpo.validate(grpo.get_config("preset=smollm2,smoke"))
+    with self.assertRaisesRegex(configs.ConfigError, r"config\.model\.path must be an HF"):
+      grpo.validate(grpo.get_config("pod"))  # the checkpoint path is the user's to give
+    pod = grpo.get_config("pod")
+    pod.model.path = "/ckpt/Qwen3-8B"
+    grpo.validate(pod)
+    with self.assertRaisesRegex(configs.ConfigError, r"unknown grpo preset 'gpu'"):
+      grpo.get_config("gpu")
+    with self.assertRaisesRegex(configs.ConfigError, r"unknown config arg 'smok'"):
+      grpo.get_config("preset=cpu,smok")
+
+
+class BadValueTest(parameterized.TestCase):
+
+  @parameterized.named_parameters(
+      ("group_size", "rollout.group_size", 1,
+       r"^config\.rollout\.group_size must be >= 2 for GRPO, got 1$"),
+      ("lr_type", "optim.lr", "fast", r"config\.optim\.lr must be float, got str"),
+      ("agg", "loss.agg", "mean", r"config\.loss\.agg must be one of"),
+      ("temperature", "rollout.temperature", 0.0, r"config\.rollout\.temperature must be >="),
+      ("minibatches", "updates.minibatches", 3,
+       r"config\.updates\.minibatches \(3\) must divide .* \(512\)"),
+      ("length", "rollout.max_new_tokens", 16,
+       r"config\.rollout\.max_new_tokens \(16\) must be < config\.rollout\.max_len \(16\)"),
+      ("task", "task.name", "chess", r"config\.task\.name must be one of"),
+      ("sft", "sft.target_success", 1.5, r"config\.sft\.target_success must be <= 1"),
+  )
+  def test_grpo_bad_value_names_key(self, path, value, pattern):
+    grpo = _module("grpo")
+    config = grpo.get_config()
+    node = config
+    *parents, leaf = path.split(".")
+    for part in parents:
+      node = node[part]
+    # Bypass ConfigDict's own type check to reach validate(), as a hand-edited config would.
+    node._fields[leaf] = value  # pylint: disable=protected-access
+    with self.assertRaisesRegex(configs.ConfigError, pattern):
+      grpo.validate(config)
+
+  def test_unknown_key_is_rejected(self):
+    grpo = _module("grpo")
+    config = grpo.get_config()
+    config.rollout.groupsize = 4
+    with self.assertRaisesRegex(configs.ConfigError,
+                                r"config\.rollout\.groupsize is not a key this experiment reads"):
+      grpo.validate(config)
+
+  def test_scratch_model_needs_the_arithmetic_task(self):
+    grpo = _module("grpo")
+    config = grpo.get_config()
+    config.task.name = "reasoning_gym"
+    with self.assertRaisesRegex(configs.ConfigError, r"config\.model\.init='scratch'"):
+      grpo.validate(config)
+
+
+if __name__ == "__main__":
+  absltest.main()
