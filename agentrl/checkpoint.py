@@ -16,12 +16,23 @@ directories are removed when the manager opens. Together with RNG keys derived f
 Tested with orbax-checkpoint 0.12.8 on jax 0.10.2 and jax 0.12.
 """
 from collections.abc import Mapping
+import logging
 import os
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import orbax.checkpoint as ocp
+
+
+class _DropOrbaxInfo(logging.Filter):
+  """Drops orbax's INFO records (a dozen lines per save) from absl's log; keeps warnings."""
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    return record.levelno >= logging.WARNING or "orbax" not in record.pathname
+
+
+_FILTER = _DropOrbaxInfo()
 
 
 def _is_key(x: Any) -> bool:
@@ -78,6 +89,7 @@ class Checkpointer:
       raise ValueError(f"keep must be >= 1 or None (keep all), got {keep}")
     self.directory = os.path.abspath(directory)
     self.save_every = save_every
+    logging.getLogger("absl").addFilter(_FILTER)  # idempotent: the same filter object
     options = ocp.CheckpointManagerOptions(
         max_to_keep=keep,
         enable_async_checkpointing=async_save, cleanup_tmp_directories=True, create=True)

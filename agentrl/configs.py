@@ -51,9 +51,9 @@ def _convert(name: str, text: str, default: Any) -> Any:
 def parse_arg(arg: str | None, **defaults: Any) -> mlc.ConfigDict:
   """Parses "smoke,size=tiny" into ConfigDict(smoke=True, size="tiny", ...) with typed defaults.
 
-  A bare word sets a boolean default to True ("smoke"); with exactly one non-boolean default a
-  bare word that is the whole argument is its value (":tiny" means ":size=tiny"). Unknown names are an error that lists
-  the accepted ones.
+  A bare word sets a boolean default to True ("smoke"); with exactly one non-boolean default, a
+  bare word that is the whole argument is its value (":tiny" means ":size=tiny"; with several
+  parts write "size=tiny,smoke"). Unknown names are an error that lists the accepted ones.
   """
   result = mlc.ConfigDict(dict(defaults))
   parts = (arg or "").split(",")

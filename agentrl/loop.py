@@ -9,9 +9,11 @@ One step of `run`:
   update       epochs x minibatches of the experiment's jitted `update_step(state, batch)`
   log, save    one dict of scalars to `metrics.Writer`; a checkpoint every `save_every` steps
 
-The loop owns no algorithm: every piece of math is a function the experiment passes in, and an
-experiment whose method needs another loop (a critic phase, a replay buffer, a dual variable
-updated between steps) writes its own and reuses the helpers here.
+The loop owns no algorithm: every piece of math is a function the experiment passes in. State
+beyond params and optimizer (a critic, a dual variable, a replay batch) rides in the train
+state pytree, so it is donated, checkpointed and restored with it (experiments/ppo.py,
+experiments/r2vpo.py); a method that needs a different step order writes its own loop and
+reuses the helpers here.
 
 Exact resume. Step s draws its randomness from `fold_in(rng, s)` and its prompts from the data
 stream, whose position (`state()`) is checkpointed with the train state. A run killed at any
@@ -34,6 +36,7 @@ from agentrl import checkpoint as checkpoint_lib
 from agentrl import metrics as metrics_lib
 from agentrl import types
 from agentrl.losses import aggregation
+from agentrl.losses import kl
 from agentrl.models import policy as policy_lib
 from agentrl.rollout import agent_loop
 from agentrl.rollout import pack as pack_lib
@@ -104,7 +107,8 @@ def make_score_step(graphdef, *, temperature: float, logprob_impl: str = "auto",
   Fills `old_logp_BT` with the learner's own log-probs of the behaviour policy (the ratio's
   denominator) and, with `with_ref`, `ref_logp_BT` from the frozen reference params, which
   stay a separate non-donated argument (style.md C4). Metrics: `logp_mismatch` (mean
-  |learner - sampler| log-prob over policy tokens, ~0 in float32) and `entropy`.
+  |learner - sampler| log-prob over policy tokens, ~0 in float32), `entropy`, and with a
+  reference `kl` (token-mean k3 estimate of KL(pi_old || pi_ref) on the sampled tokens).
   """
 
   def logprobs(params, batch, return_entropy):
@@ -120,7 +124,11 @@ def make_score_step(graphdef, *, temperature: float, logprob_impl: str = "auto",
     if batch.sampler_logp_BT is not None:
       metrics["logp_mismatch"] = aggregation.masked_mean(
           jnp.abs(old_logp_BT - batch.sampler_logp_BT), mask_BT)
-    ref_logp_BT = logprobs(ref_params, batch, False) if with_ref else None
+    ref_logp_BT = None
+    if with_ref:
+      ref_logp_BT = logprobs(ref_params, batch, False)
+      metrics["kl"] = aggregation.aggregate(kl.kl_penalty(old_logp_BT, ref_logp_BT, "k3"),
+                                            mask_BT, "token-mean")
     return batch.replace(old_logp_BT=old_logp_BT, ref_logp_BT=ref_logp_BT), metrics
 
   return score_step
@@ -253,15 +261,18 @@ def _step(state, step, rng, rollout_fn, score_fn, advantage_fn, update_fn, *, ep
   rollout_rng, shuffle_rng = jax.random.split(step_rng)
   with metrics_lib.timed(times, "rollout"):
     rollout = rollout_fn(state.params, rollout_rng, step)
-  with metrics_lib.timed(times, "score"):
+  keys = [jax.random.fold_in(shuffle_rng, epoch) if shuffle else None for epoch in range(epochs)]
+  # Between the rollout's explicit device_put and the metrics' device_get everything stays on
+  # device (style.md C9); an accidental host round trip here fails loudly.
+  with metrics_lib.timed(times, "score"), jax.transfer_guard("disallow"):
     batch, score_metrics = score_fn(state.params, rollout.batch)
     batch, adv_metrics = advantage_fn(batch, rollout.extras)
-    score_metrics = jax.device_get({**score_metrics, **adv_metrics})
+  score_metrics = jax.device_get({**score_metrics, **adv_metrics})
   with metrics_lib.timed(times, "update"):
+    parts = [mb for key in keys for mb in minibatches(batch, num=num_minibatches, rng=key)]
     per_update = []
-    for epoch in range(epochs):
-      key = jax.random.fold_in(shuffle_rng, epoch) if shuffle else None
-      for minibatch in minibatches(batch, num=num_minibatches, rng=key):
+    with jax.transfer_guard("disallow"):
+      for minibatch in parts:
         state, update_metrics = update_fn(state, minibatch)
         per_update.append(update_metrics)
     # Every update of the step is dispatched before the one device_get: the next rollout

@@ -34,7 +34,8 @@ def _tmpdir(test) -> str:
 
 def _logp(params, batch):
   logp_V = jax.nn.log_softmax(params["logits"])
-  return jnp.stack([jnp.zeros(B), logp_V[batch.tokens_BT[:, 1]]], axis=1)
+  arm_logp_B = logp_V[batch.tokens_BT[:, 1]]
+  return jnp.stack([jnp.zeros_like(arm_logp_B), arm_logp_B], axis=1)
 
 
 class _Bandit:
@@ -87,7 +88,8 @@ class _Bandit:
     update = jax.jit(loop.skip_nonfinite(self.update_step), donate_argnames="state")
     return loop.run(
         self.init_state(), rng=jax.random.key(0), total_steps=total_steps, workdir=workdir,
-        rollout_fn=self.rollout, score_fn=jax.jit(self.score), advantage_fn=self.advantage,
+        rollout_fn=self.rollout, score_fn=jax.jit(self.score),
+        advantage_fn=jax.jit(self.advantage),
         update_fn=update, data=self.data, console=False, tensorboard=False,
         evaluate=lambda params: {"p_best": jax.nn.softmax(params["logits"])[3]}, **kwargs)
 

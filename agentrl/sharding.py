@@ -13,10 +13,11 @@ vocab-parallel cross-entropy, kernels.md §8.5).
 Multi-host (TPU pod slices, GPU clusters) uses JAX's own runtime: call `initialize_distributed()`
 first thing in `main()`; every process then runs the same program on the global mesh.
 """
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 import functools
 import math
 import os
+import pathlib
 from typing import Any
 
 from absl import logging
@@ -318,18 +319,21 @@ def _env_int(name: str) -> int | None:
     raise ValueError(f"Environment variable {name}={value!r} must be an integer.") from None
 
 
+# PCI (vendor, device) ids of Cloud TPU chips, v3 to TPU7x, as in JAX's hardware_utils.
+# Google's vendor id alone is not enough: GCE virtual NICs and disks carry it too.
+_TPU_PCI_IDS = {("0x1ae0", d) for d in ("0x0027", "0x0056", "0x005e", "0x0062", "0x0063",
+                                         "0x006f", "0x0076")}
+
+
 def _on_cloud_tpu_vm() -> bool:
-  """Google's PCI vendor id (0x1ae0) on an accelerator: a Cloud TPU VM, perhaps in a pod."""
-  root = "/sys/bus/pci/devices"
-  if not os.path.isdir(root):
-    return False
-  for dev in os.listdir(root):
+  """Whether a TPU chip is attached: a Cloud TPU VM, perhaps one host of a pod slice."""
+  for dev in pathlib.Path("/sys/bus/pci/devices").glob("*"):
     try:
-      with open(os.path.join(root, dev, "vendor")) as f:
-        if f.read().strip() == "0x1ae0":
-          return True
+      ids = tuple((dev / f).read_text().strip() for f in ("vendor", "device"))
     except OSError:
       continue
+    if ids in _TPU_PCI_IDS:
+      return True
   return False
 
 
@@ -356,7 +360,8 @@ def initialize_distributed(coordinator_address: str | None = None,
   Call it first in `main()`, before anything touches a device. Arguments left None are read
   from JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES and JAX_PROCESS_ID; when none is set, a
   SLURM (`srun`), Open MPI or Cloud TPU launch is detected from the environment and JAX fills
-  everything in. Otherwise (one process, e.g. a laptop or a single GPU host) it does nothing.
+  everything in (on a single-host TPU VM that is a one-process runtime). Otherwise (one
+  process: a laptop, a GPU host, JAX_NUM_PROCESSES=1) it does nothing.
   Extra keyword arguments (e.g. `initialization_timeout`) go to `jax.distributed.initialize`.
   """
   if jax.distributed.is_initialized():

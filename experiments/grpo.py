@@ -7,10 +7,11 @@ r"""GRPO (Shao et al. 2024, DeepSeekMath sec. 4.1) on a built-in verifiable task
   python -m experiments.grpo --config=experiments/grpo.py:pod \
       --config.model.path=/ckpt/Qwen3-8B --workdir=gs://bucket/grpo     # accelerators
 
-Default (`cpu`): a ~100k-parameter transformer learns 3-digit addition with the answer digits
+Default (`cpu`): a 130k-parameter transformer learns 3-digit addition with the answer digits
 reversed (offline_resources.md §9). A short SFT phase (experiments/sft.py) brings it to ~20%
-greedy accuracy, then GRPO with a binary exact-match reward, G = 8 samples per prompt,
-temperature 1 and Adam raises held-out greedy accuracy; the run prints a before/after table
+greedy accuracy, then 150 GRPO steps (64 prompts x G = 8 samples, binary exact-match reward,
+temperature 1, Adam 1e-3) raise held-out greedy accuracy; measured 22.2% -> 55.9% on 1000
+held-out problems in ~4 minutes on a busy 2-core CPU. The run prints a before/after table
 and writes metrics.jsonl, TensorBoard events, curves.png, summary.json and checkpoints to
 --workdir. Killed and restarted with the same --workdir, it resumes from the last checkpoint
 and reproduces the uninterrupted run's metrics.
@@ -26,6 +27,8 @@ pod (Qwen3-8B on a (data, fsdp, tensor) = (-1, 8, 1) mesh: params and Adam state
 
 Fork this file to change the algorithm; put reusable math in agentrl/losses.
 """
+from collections.abc import Callable
+import dataclasses
 import json
 import os
 import time
@@ -82,7 +85,7 @@ def get_config(arg: str | None = None) -> mlc.ConfigDict:
                    temperature=1.0)
   c.loss = dict(eps_low=0.2, eps_high=0.2, kl_coef=0.0, kl_kind="k3", agg="seq-mean-token-mean",
                 norm_by_std=True)
-  c.optim = dict(lr=3e-4, b2=0.99, clip_norm=1.0, warmup_steps=0)
+  c.optim = dict(lr=1e-3, b2=0.99, clip_norm=1.0, warmup_steps=0)
   c.updates = dict(epochs=1, minibatches=2)
   c.eval = dict(num_problems=1000, every=25)
   c.mesh = dict(data=1, fsdp=1, tensor=1)
@@ -122,6 +125,9 @@ def get_config(arg: str | None = None) -> mlc.ConfigDict:
   return c
 
 
+KL_KINDS = ("k1", "k2", "k3", "abs", "k3+")
+
+# Every key but config.loss; the GRPO-family experiments share these.
 SCHEMA = {
     "seed": configs.Key(int, min=0),
     "total_steps": configs.Key(int, min=1),
@@ -146,12 +152,6 @@ SCHEMA = {
     "rollout.max_new_tokens": configs.Key(int, min=1),
     "rollout.max_len": configs.Key(int, min=2),
     "rollout.temperature": configs.Key(float, min=1e-3),
-    "loss.eps_low": configs.Key(float, min=0.0, max=1.0),
-    "loss.eps_high": configs.Key(float, min=0.0),
-    "loss.kl_coef": configs.Key(float, min=0.0),
-    "loss.kl_kind": configs.Key(str, choices=("k1", "k2", "k3", "abs", "k3+")),
-    "loss.agg": configs.Key(str, choices=aggregation.MODES[:-1]),
-    "loss.norm_by_std": configs.Key(bool),
     "optim.lr": configs.Key(float, min=0.0),
     "optim.b2": configs.Key(float, min=0.0, max=1.0),
     "optim.clip_norm": configs.Key(float, min=0.0),
@@ -168,10 +168,20 @@ SCHEMA = {
     "log.wandb_project": configs.Key(str),
 }
 
+# config.loss: what this file's make_update_step and make_advantage_fn read.
+LOSS_SCHEMA = {
+    "loss.eps_low": configs.Key(float, min=0.0, max=1.0),
+    "loss.eps_high": configs.Key(float, min=0.0),
+    "loss.kl_coef": configs.Key(float, min=0.0),
+    "loss.kl_kind": configs.Key(str, choices=KL_KINDS),
+    "loss.agg": configs.Key(str, choices=aggregation.MODES[:-1]),
+    "loss.norm_by_std": configs.Key(bool),
+}
 
-def validate(config: mlc.ConfigDict) -> None:
+
+def validate(config: mlc.ConfigDict, loss_schema=None) -> None:
   """Fails on the first bad key with a message that names it (architecture.md §6)."""
-  configs.validate(config, SCHEMA)
+  configs.validate(config, {**SCHEMA, **(LOSS_SCHEMA if loss_schema is None else loss_schema)})
   rc = config.rollout
   batch = rc.prompts_per_step * rc.group_size
   configs.divides("updates.minibatches", config.updates.minibatches,
@@ -236,7 +246,7 @@ def make_advantage_fn(config):
 # Building blocks of train().
 # ---------------------------------------------------------------------------------------------
 def make_task(config):
-  """(make_env, tokenizer-independent task description) for config.task."""
+  """make_env() for config.task (checked now, so a bad dataset name fails before training)."""
   tc = config.task
   if tc.name == "reversed_addition":
     return lambda: arithmetic.ArithmeticEnv(digits=tc.digits)
@@ -270,7 +280,8 @@ def abstract_train_state(config, mesh, cfg: transformer.Config, tx):
   return abstract, sharding.tree_shardings(abstract, mesh, config.sharding_rules)
 
 
-def make_optimizer(oc, total_steps: int) -> optax.GradientTransformation:
+def make_optimizer(oc) -> optax.GradientTransformation:
+  """Global-norm clipping, then Adam (with a linear warmup when oc.warmup_steps > 0)."""
   lr = optax.linear_schedule(0.0, oc.lr, oc.warmup_steps) if oc.warmup_steps else oc.lr
   return optax.chain(optax.clip_by_global_norm(oc.clip_norm), optax.adam(lr, b2=oc.b2))
 
@@ -305,38 +316,10 @@ def warm_start_params(config, workdir, mesh, graphdef, params, tok):
   return params, info
 
 
-# ---------------------------------------------------------------------------------------------
-# train() and main().
-# ---------------------------------------------------------------------------------------------
-def train(config: mlc.ConfigDict, workdir: str) -> dict:
-  """Runs the experiment end to end; returns the summary written to <workdir>/summary.json."""
-  validate(config)
-  start = time.perf_counter()
-  os.makedirs(workdir, exist_ok=True)
+def default_rollout_fn(config, sampler, tok, make_env, data, mesh, *,
+                       greedy_baseline: bool = False):
+  """rollout_fn(params, rng, step): G samples for each of the next P prompts of `data`."""
   rc = config.rollout
-  mesh = sharding.make_mesh(config.mesh)
-
-  # ---- Policy, warm start and optimizer.
-  tok, graphdef, params = build_policy(config, mesh)
-  params, sft_info = warm_start_params(config, workdir, mesh, graphdef, params, tok)
-  ref_params = jax.tree.map(jnp.copy, params)  # the update donates params; the anchor stays
-  tx = make_optimizer(config.optim, config.total_steps)
-  state, state_shardings = sharding.create_train_state(params, tx, mesh, config.sharding_rules)
-
-  # ---- Jitted steps.
-  score_step = jax.jit(loop.make_score_step(graphdef, temperature=rc.temperature,
-                                            logprob_impl=config.model.logprob_impl,
-                                            with_ref=True))
-  update_step = jax.jit(loop.skip_nonfinite(make_update_step(config, graphdef, tx)),
-                        donate_argnames="state", out_shardings=(state_shardings, None))
-  advantage_fn = jax.jit(make_advantage_fn(config))
-
-  # ---- Rollout, data and evaluation.
-  sampler = sampler_lib.Sampler(graphdef, pad_id=tok.pad_id)
-  make_env = make_task(config)
-  # Generator seeds are random per index, so in-order streaming is already a shuffle.
-  data = stream.PromptStream(generators.GeneratorSource(generators.env_prompts(make_env())),
-                             shuffle=False)
 
   def rollout_fn(params, rng, step):
     del step
@@ -345,7 +328,63 @@ def train(config: mlc.ConfigDict, workdir: str) -> dict:
                             rng=rng, group_size=rc.group_size, max_turns=1,
                             max_new_tokens=rc.max_new_tokens, max_len=rc.max_len,
                             temperature=rc.temperature, chat_template=config.task.chat_template,
-                            min_len=rc.max_len, sharding=sharding.batch_sharding(mesh))
+                            greedy_baseline=greedy_baseline, min_len=rc.max_len,
+                            sharding=sharding.batch_sharding(mesh))
+
+  return rollout_fn
+
+
+@dataclasses.dataclass(frozen=True)
+class Method:
+  """What a GRPO-family experiment plugs into `run`: its name, loss keys and functions."""
+  name: str
+  loss_schema: dict
+  make_update_step: Callable           # (config, graphdef, tx) -> update_step(state, batch)
+  make_advantage_fn: Callable          # (config) -> advantage_fn(batch, extras)
+  make_rollout_fn: Callable = default_rollout_fn
+
+
+# ---------------------------------------------------------------------------------------------
+# train() and main().
+# ---------------------------------------------------------------------------------------------
+def train(config: mlc.ConfigDict, workdir: str) -> dict:
+  """Runs GRPO end to end; returns the summary written to <workdir>/summary.json."""
+  return run(config, workdir, METHOD)
+
+
+def run(config: mlc.ConfigDict, workdir: str, method: Method) -> dict:
+  """The driver shared by the GRPO family: warm start, jitted steps, `loop.run`, summary."""
+  validate(config, method.loss_schema)
+  start = time.perf_counter()
+  os.makedirs(workdir, exist_ok=True)
+  with open(os.path.join(workdir, "config.json"), "w") as f:  # what experiments/eval.py reads
+    f.write(config.to_json(indent=2))
+  rc = config.rollout
+  mesh = sharding.make_mesh(config.mesh)
+
+  # ---- Policy, warm start and optimizer.
+  tok, graphdef, params = build_policy(config, mesh)
+  params, sft_info = warm_start_params(config, workdir, mesh, graphdef, params, tok)
+  ref_params = jax.tree.map(jnp.copy, params)  # the update donates params; the anchor stays
+  tx = make_optimizer(config.optim)
+  state, state_shardings = sharding.create_train_state(params, tx, mesh, config.sharding_rules)
+
+  # ---- Jitted steps.
+  score_step = jax.jit(loop.make_score_step(graphdef, temperature=rc.temperature,
+                                            logprob_impl=config.model.logprob_impl,
+                                            with_ref=True))
+  update_step = jax.jit(loop.skip_nonfinite(method.make_update_step(config, graphdef, tx)),
+                        donate_argnames="state", out_shardings=(state_shardings, None))
+  advantage_fn = jax.jit(method.make_advantage_fn(config))
+
+  # ---- Rollout, data and evaluation.
+  sampler = sampler_lib.Sampler(graphdef, pad_id=tok.pad_id)
+  make_env = make_task(config)
+  # Generator seeds are random per index, so in-order streaming is already a shuffle.
+  data = stream.PromptStream(generators.GeneratorSource(generators.env_prompts(make_env())),
+                             shuffle=False)
+
+  rollout_fn = method.make_rollout_fn(config, sampler, tok, make_env, data, mesh)
 
   def evaluate(params):
     return {"success": held_out_success(
@@ -367,10 +406,10 @@ def train(config: mlc.ConfigDict, workdir: str) -> dict:
                "config": config.to_dict()} if config.log.wandb_project else None)
 
   # ---- Summary: before/after table, curves, summary.json.
-  return write_summary(workdir, result, sft_info, time.perf_counter() - start)
+  return write_summary(workdir, result, sft_info, time.perf_counter() - start, method.name)
 
 
-def write_summary(workdir, result: loop.Result, sft_info, wall_seconds) -> dict:
+def write_summary(workdir, result: loop.Result, sft_info, wall_seconds, name: str) -> dict:
   """Prints the before/after table and writes summary.json and curves.png."""
   before = result.evals["0"]["eval/success"]
   after = result.evals[str(result.step)]["eval/success"]
@@ -383,7 +422,7 @@ def write_summary(workdir, result: loop.Result, sft_info, wall_seconds) -> dict:
   metrics_lib.plot_curves(result.records, os.path.join(workdir, "curves.png"),
                           ["reward", "success", "kl", "entropy", "clipfrac", "loss",
                            "grad_norm", "groups_with_signal", "eval/success"],
-                          title="GRPO")
+                          title=name)
   print(metrics_lib.summary_table(result.records, ["reward", "success", "kl", "entropy",
                                                    "clipfrac", "grad_norm"]))
   print()
@@ -393,6 +432,9 @@ def write_summary(workdir, result: loop.Result, sft_info, wall_seconds) -> dict:
         f"{100 * (after - before):+.1f} points"]]))
   print(f"\n{result.step} steps in {wall_seconds:.0f}s -> {workdir}")
   return summary
+
+
+METHOD = Method("GRPO", LOSS_SCHEMA, make_update_step, make_advantage_fn)
 
 
 def main(argv):

@@ -4,8 +4,8 @@ r"""Supervised fine-tuning (SFT) of a tiny from-scratch model on reversed-digit 
 The warm start of the main job (experiments/grpo.py): RL needs a policy that already solves a
 few percent of the task, otherwise every group has reward 0 and GRPO has nothing to learn from
 (offline_resources.md §9: at ~1% greedy accuracy GRPO made no progress; at 13-50% it gained
-30+ points). SFT stops as soon as greedy exact-match on a validation set reaches `target_success`, so
-the warm start lands in that window whatever the machine's speed.
+30+ points). SFT stops as soon as greedy exact-match on a validation set reaches
+`target_success`, so the warm start lands in that window whatever the machine's speed.
 
   python -m experiments.sft                                    # default CPU run (~1 min)
   python -m experiments.sft --config=experiments/sft.py:smoke --workdir=/tmp/sft

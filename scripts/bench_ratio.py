@@ -66,14 +66,18 @@ def main(argv):
     logp, old, mask, adv = _inputs(b, t)
     w = jnp.cos(jnp.arange(b * t, dtype=jnp.float32)).reshape(b, t)
     for impl, kw in impls:
-      stats = lambda lp, impl=impl, kw=kw: ops.ratio_stats(lp, old, mask, adv, impl=impl, **kw)
+      # Every array is an argument: closed-over constants would let XLA constant-fold the
+      # mask's cumsum at compile time.
+      def stats(lp, old, mask, adv, impl=impl, kw=kw):
+        return ops.ratio_stats(lp, old, mask, adv, impl=impl, **kw)
 
-      def fwd_grad(lp, stats=stats):
-        return stats(lp), jax.grad(lambda x: jnp.sum(w * stats(x).log_ratio_BT))(lp)
+      def fwd_grad(lp, old, mask, adv, stats=stats):
+        loss = lambda x: jnp.sum(w * stats(x, old, mask, adv).log_ratio_BT)
+        return stats(lp, old, mask, adv), jax.grad(loss)(lp)
 
       for mode, fn in (("fwd", stats), ("fwd+grad", fwd_grad)):
         repeats = _REPEATS.value if "interpret" not in kw else 1
-        mb, fusions, t_min, t_med = _measure(fn, (logp,), repeats)
+        mb, fusions, t_min, t_med = _measure(fn, (logp, old, mask, adv), repeats)
         name = impl + (" (interpret)" if "interpret" in kw else "")
         print(f"{shape:>10} {mode:>9} {name:>20} {mb:8.1f} {fusions:8d} {t_min * 1e3:9.2f} "
               f"{t_med * 1e3:10.2f}", flush=True)

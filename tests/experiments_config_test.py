@@ -9,7 +9,8 @@ from absl.testing import parameterized
 
 from agentrl import configs
 
-RL_EXPERIMENTS = ("grpo",)
+RL_EXPERIMENTS = ("grpo", "dr_grpo", "dapo", "gspo", "ctpo", "holder_po", "rloo", "remax",
+                  "reinforce_pp", "gmpo", "cispo", "ppo", "r2vpo")
 
 
 def _module(name):
@@ -20,9 +21,23 @@ class PresetTest(parameterized.TestCase):
 
   @parameterized.parameters(*[(name,) for name in RL_EXPERIMENTS])
   def test_default_and_smoke_presets_validate(self, name):
-    module = _module(name)
+    module, grpo = _module(name), _module("grpo")
     for arg in (None, "smoke"):
-      module.validate(module.get_config(arg))
+      grpo.validate(module.get_config(arg), module.LOSS_SCHEMA)
+    config = module.get_config()
+    config.loss.unknown_knob = 1.0
+    with self.assertRaisesRegex(configs.ConfigError, r"config\.loss\.unknown_knob is not a key"):
+      grpo.validate(config, module.LOSS_SCHEMA)
+
+  def test_agent_and_reward_model_presets_validate(self):
+    agent, grpo, rm = _module("agent"), _module("grpo"), _module("reward_model")
+    for arg in (None, "smoke"):
+      configs.validate(agent.get_config(arg), agent.SCHEMA)
+      grpo.validate(rm.get_config(arg), rm.RM_SCHEMA)
+    config = agent.get_config()
+    config.task.family = "chess"
+    with self.assertRaisesRegex(configs.ConfigError, r"config\.task\.family must be one of"):
+      configs.validate(config, agent.SCHEMA)
 
   def test_grpo_presets(self):
     grpo = _module("grpo")
@@ -74,12 +89,41 @@ class BadValueTest(parameterized.TestCase):
                                 r"config\.rollout\.groupsize is not a key this experiment reads"):
       grpo.validate(config)
 
+  def test_r2vpo_needs_one_minibatch(self):
+    r2vpo, grpo = _module("r2vpo"), _module("grpo")
+    config = r2vpo.get_config()
+    config.updates.minibatches = 2
+    with self.assertRaisesRegex(configs.ConfigError,
+                                r"config\.updates\.minibatches must be <= 1 for R2VPO"):
+      grpo.validate(config, r2vpo.LOSS_SCHEMA)
+
   def test_scratch_model_needs_the_arithmetic_task(self):
     grpo = _module("grpo")
     config = grpo.get_config()
     config.task.name = "reasoning_gym"
     with self.assertRaisesRegex(configs.ConfigError, r"config\.model\.init='scratch'"):
       grpo.validate(config)
+
+
+class EvalTest(absltest.TestCase):
+
+  def test_pass_at_k_golden_numbers(self):
+    evaluation = _module("eval")
+    self.assertEqual(evaluation.pass_at_k(2, 1, 1), 0.5)
+    self.assertAlmostEqual(evaluation.pass_at_k(5, 2, 2), 1 - 3 / 10)  # 1 - C(3,2)/C(5,2)
+    self.assertEqual(evaluation.pass_at_k(8, 0, 4), 0.0)
+    self.assertEqual(evaluation.pass_at_k(8, 5, 4), 1.0)  # fewer than k wrong samples
+
+  def test_bad_eval_config(self):
+    evaluation = _module("eval")
+    config = evaluation.get_config()
+    config.run_dir = "/nonexistent/run"
+    with self.assertRaisesRegex(configs.ConfigError, r"config\.run_dir='/nonexistent/run' has no"):
+      evaluation.validate(config)
+    config = evaluation.get_config()
+    config.ks = [1, 16]
+    with self.assertRaisesRegex(configs.ConfigError, r"config\.ks entries must be ints in \[1, "):
+      evaluation.validate(config)
 
 
 if __name__ == "__main__":

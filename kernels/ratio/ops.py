@@ -18,8 +18,9 @@ the clamp binds or the token is masked); `cum_log_ratio_BT` is returned stop-gra
 CTPO uses sg(S_t). Everything else is a statistic.
 
 impl: "xla" (plain jnp; XLA fuses it), "pallas" (pallas.py, Mosaic/TPU, or interpret mode on
-CPU), "pallas_tpu" (the same kernel without the backend check, for AOT export), "auto" = "xla" on every backend: the Pallas kernel has not been shown faster anywhere it
-was measured (kernels/README.md), and kernels.md §5 expects XLA to win on this O(B·T) data.
+CPU), "pallas_tpu" (the same kernel without the backend check, for AOT export), "auto" = "xla"
+on every backend: the Pallas kernel has not been shown faster anywhere it was measured
+(kernels/README.md), and kernels.md §5 expects XLA to win on this O(B·T) data.
 """
 import dataclasses
 import functools

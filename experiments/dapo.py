@@ -1,0 +1,152 @@
+# pylint: disable=invalid-name
+r"""DAPO (Yu et al. 2025, arXiv 2503.14476): GRPO with the four DAPO changes.
+
+  python -m experiments.dapo
+  python -m experiments.dapo --config=experiments/dapo.py:smoke --workdir=/tmp/dapo
+
+algorithms.md §4.5:
+  * clip-higher: eps_low = 0.2, eps_high = 0.28;
+  * token-level loss: token-mean over the whole minibatch;
+  * dynamic sampling: groups whose G rewards are all equal carry no GRPO signal; keep sampling
+    new prompts (up to rollout.max_gen_batches batches) until prompts_per_step groups with a
+    reward spread are found. If the budget runs out, the batch is topped up with all-equal
+    groups, whose advantage is exactly 0, so shapes (and the compiled step) never change;
+  * overlong reward shaping: with L_exp = L_max - L_buf, a response of length L gets
+    min(-(L - L_exp) / L_buf * penalty, 0) added to its reward (L_max = max_new_tokens);
+and no KL term.
+"""
+from absl import app
+from absl import flags
+from flax import nnx
+import jax
+import jax.numpy as jnp
+import ml_collections as mlc
+from ml_collections import config_flags
+import numpy as np
+import optax
+
+from agentrl import advantages
+from agentrl import configs
+from agentrl import loop
+from agentrl import sharding
+from agentrl import types
+from agentrl.losses import aggregation
+from agentrl.losses import policy as pg
+from agentrl.models import policy as policy_lib
+from agentrl.rollout import agent_loop
+from agentrl.rollout import pack
+from experiments import grpo
+
+
+def get_config(arg: str | None = None) -> mlc.ConfigDict:
+  c = grpo.get_config(arg)
+  # overlong_buffer: L_buf. The reversed-addition answer is 5 tokens of at most 6, so only a
+  # response that fills the whole budget is shaped.
+  c.loss = dict(eps_low=0.2, eps_high=0.28, overlong_buffer=1, overlong_penalty=1.0)
+  c.rollout.max_gen_batches = 3
+  if c.rollout.max_new_tokens > 8:  # chat-model presets
+    c.loss.overlong_buffer = c.rollout.max_new_tokens // 4
+  return c
+
+
+LOSS_SCHEMA = {
+    "loss.eps_low": configs.Key(float, min=0.0, max=1.0),
+    "loss.eps_high": configs.Key(float, min=0.0),
+    "loss.overlong_buffer": configs.Key(int, min=1),
+    "loss.overlong_penalty": configs.Key(float, min=0.0),
+    "rollout.max_gen_batches": configs.Key(int, min=1),
+}
+
+
+def make_update_step(config, graphdef, tx):
+  """Returns update_step(state, batch) -> (state, metrics). Pure; jit it in train()."""
+  lc, impl, temperature = config.loss, config.model.logprob_impl, config.rollout.temperature
+
+  def loss_fn(params, batch: types.Batch):
+    policy = nnx.merge(graphdef, params)
+    logp_BT = policy_lib.token_logprobs(policy, batch.tokens_BT, batch.positions_BT,
+                                        batch.input_mask_BT, temperature=temperature, impl=impl)
+    pg_BT, metrics = pg.ppo_clip(logp_BT, batch.old_logp_BT, batch.adv_BT, batch.loss_mask_BT,
+                                 eps_low=lc.eps_low, eps_high=lc.eps_high)
+    loss = aggregation.aggregate(pg_BT, batch.loss_mask_BT, "token-mean")
+    return loss, metrics | {"loss": loss}
+
+  def update_step(state: types.TrainState, batch: types.Batch):
+    (_, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params, batch)
+    updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    metrics |= {"grad_norm": optax.tree.norm(grads)}
+    return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics
+
+  return update_step
+
+
+def make_advantage_fn(config):
+  """GRPO advantages of the overlong-shaped reward."""
+  G, lc, max_new = config.rollout.group_size, config.loss, config.rollout.max_new_tokens
+
+  def advantage_fn(batch: types.Batch, extras):
+    del extras
+    length_B = batch.loss_mask_BT.sum(-1)
+    shaping_B = advantages.dapo_overlong_penalty(length_B, max_len=max_new,
+                                                 buffer_len=lc.overlong_buffer,
+                                                 penalty_factor=lc.overlong_penalty)
+    adv_B = advantages.grpo(batch.reward_B + shaping_B, group_size=G)
+    metrics = {"overlong_shaping": shaping_B.mean(), "adv_abs_mean": jnp.abs(adv_B).mean()}
+    return batch.replace(adv_BT=advantages.broadcast_to_tokens(adv_B, batch.loss_mask_BT)), metrics
+
+  return advantage_fn
+
+
+def make_rollout_fn(config, sampler, tok, make_env, data, mesh):
+  """Dynamic sampling: rollout_fn(params, rng, step) with only informative groups if it can."""
+  rc, G = config.rollout, config.rollout.group_size
+
+  def rollout_fn(params, rng, step):
+    del step
+    kept, spare, sampled = [], [], []
+    for attempt in range(rc.max_gen_batches):
+      seeds = [entry["seed"] for entry in data.take(rc.prompts_per_step)]
+      groups = agent_loop.rollout_groups(
+          sampler, params, tok, make_env, seeds, group_size=G, rng=jax.random.fold_in(rng, attempt),
+          max_turns=1, max_new_tokens=rc.max_new_tokens, max_len=rc.max_len,
+          temperature=rc.temperature, chat_template=config.task.chat_template)
+      sampled += groups.trajectories
+      for i in range(rc.prompts_per_step):
+        group = groups.trajectories[i * G:(i + 1) * G]
+        rewards = {t.reward for t in group}
+        (kept if len(rewards) > 1 else spare).append(group)
+      if len(kept) >= rc.prompts_per_step:
+        break
+    chosen = (kept + spare)[:rc.prompts_per_step]
+    trajs = [t for group in chosen for t in group]
+    batch = pack.pack(trajs, max_len=rc.max_len, pad_id=tok.pad_id, min_len=rc.max_len,
+                      sharding=sharding.batch_sharding(mesh))
+    # reward/success describe the policy, so they average every sampled trajectory.
+    host = {"reward": float(np.mean([t.reward for t in sampled])),
+            "success": float(np.mean([loop.trajectory_success(t) for t in sampled])),
+            "rollout/sampled_tokens": float(sum(t.loss_mask.sum() for t in sampled)),
+            "dapo/gen_batches": float(attempt + 1),
+            "dapo/informative_groups": float(min(len(kept), rc.prompts_per_step))}
+    return loop.Rollout(batch=batch, metrics=host)
+
+  return rollout_fn
+
+
+METHOD = grpo.Method("DAPO", LOSS_SCHEMA, make_update_step, make_advantage_fn,
+                     make_rollout_fn=make_rollout_fn)
+
+
+def train(config: mlc.ConfigDict, workdir: str) -> dict:
+  return grpo.run(config, workdir, METHOD)
+
+
+def main(argv):
+  del argv
+  train(_CONFIG.value, _WORKDIR.value)
+
+
+if __name__ == "__main__":
+  _CONFIG = config_flags.DEFINE_config_file("config", __file__, lock_config=True)
+  _WORKDIR = flags.DEFINE_string("workdir", "runs/dapo", "Output directory.")
+  app.run(main)

@@ -1,0 +1,158 @@
+# pylint: disable=invalid-name
+r"""Held-out success rate and pass@k of any checkpoint of a GRPO-family run.
+
+  python -m experiments.eval                                   # the main job's last checkpoint
+  python -m experiments.eval --config.run_dir=runs/dapo --config.step=50 --workdir=runs/eval
+  python -m experiments.eval --config=experiments/eval.py:smoke --config.run_dir=/tmp/grpo
+
+Reads <run_dir>/config.json (written by experiments/grpo.py's `run`), rebuilds the tokenizer
+and model, restores the params of checkpoint `step` ("latest", a step number, or
+"warm_start" for the SFT policy before RL) and evaluates on the held-out seeds
+(sft.EVAL_SEED_BASE + i, disjoint from every training seed):
+
+  greedy success   one argmax decode per problem;
+  pass@k           n samples per problem at `temperature`, scored with the unbiased estimator
+                   pass@k = 1 - C(n - c, k) / C(n, k) averaged over problems (Chen et al. 2021,
+                   "Evaluating Large Language Models Trained on Code", eq. 1), c = # correct.
+
+Writes <workdir>/eval.json and prints a table.
+"""
+import json
+import math
+import os
+
+from absl import app
+from absl import flags
+import jax
+import ml_collections as mlc
+from ml_collections import config_flags
+import numpy as np
+
+from agentrl import checkpoint
+from agentrl import configs
+from agentrl import loop
+from agentrl import metrics as metrics_lib
+from agentrl import sharding
+from agentrl.rollout import agent_loop
+from agentrl.rollout import sampler as sampler_lib
+from experiments import grpo
+from experiments import sft
+
+
+def get_config(arg: str | None = None) -> mlc.ConfigDict:
+  arg = configs.parse_arg(arg, smoke=False)
+  c = mlc.ConfigDict()
+  c.run_dir = "runs/grpo"
+  c.step = "latest"              # "latest", "warm_start" or a step number as a string
+  c.num_problems = 1000
+  c.samples = 8                  # n per problem for pass@k (sampled at `temperature`)
+  c.ks = [1, 4, 8]
+  c.temperature = 1.0
+  c.seed = 0
+  if arg.smoke:  # Seconds on CPU; run by tests/experiments_smoke_test.py.
+    c.num_problems, c.samples, c.ks = 4, 2, [1, 2]
+  return c
+
+
+SCHEMA = {
+    "run_dir": configs.Key(str),
+    "step": configs.Key(str),
+    "num_problems": configs.Key(int, min=1),
+    "samples": configs.Key(int, min=1),
+    "ks": configs.Key(list, min=1),
+    "temperature": configs.Key(float, min=1e-3),
+    "seed": configs.Key(int, min=0),
+}
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+  """Unbiased pass@k from n samples of which c are correct (Chen et al. 2021, eq. 1)."""
+  if n - c < k:
+    return 1.0
+  return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def validate(config) -> None:
+  configs.validate(config, SCHEMA)
+  for k in config.ks:
+    configs.require(isinstance(k, int) and 1 <= k <= config.samples,
+                    f"config.ks entries must be ints in [1, config.samples={config.samples}], "
+                    f"got {k!r}")
+  path = os.path.join(config.run_dir, "config.json")
+  configs.require(os.path.exists(path), f"config.run_dir={config.run_dir!r} has no config.json; "
+                  "point it at the --workdir of a GRPO-family run")
+  configs.require(config.step in ("latest", "warm_start") or config.step.isdigit(),
+                  f"config.step must be 'latest', 'warm_start' or a step number, got "
+                  f"{config.step!r}")
+
+
+def load_params(run_config, run_dir: str, step: str, mesh, params):
+  """The policy params of checkpoint `step` of the run in `run_dir`, and the step restored."""
+  if step == "warm_start":
+    ckpt = checkpoint.Checkpointer(os.path.join(run_dir, "warm_start"), save_every=1)
+    tree, _ = ckpt.restore({"params": params})
+    ckpt.close()
+    return tree["params"], step
+  tx = grpo.make_optimizer(run_config.optim)
+  state, _ = sharding.create_train_state(params, tx, mesh, run_config.sharding_rules)
+  ckpt = checkpoint.Checkpointer(os.path.join(run_dir, "ckpt"), save_every=1)
+  steps = ckpt.all_steps()
+  wanted = ckpt.latest_step() if step == "latest" else int(step)
+  if wanted not in steps:
+    ckpt.close()
+    raise configs.ConfigError(f"config.step={step!r}: no checkpoint there; {run_dir}/ckpt has "
+                              f"steps {steps}")
+  tree, _ = ckpt.restore({"state": state, "rng": jax.random.key(0)}, step=wanted)
+  ckpt.close()
+  return tree["state"].params, str(wanted)
+
+
+def evaluate(config, run_config, sampler, tok, make_env, params) -> dict[str, float]:
+  """Greedy success and unbiased pass@k over the held-out problems."""
+  rc = run_config.rollout
+  seeds = [sft.EVAL_SEED_BASE + i for i in range(config.num_problems)]
+  common = dict(max_turns=1, max_new_tokens=rc.max_new_tokens, max_len=rc.max_len,
+                chat_template=run_config.task.chat_template)
+  greedy, _ = agent_loop.run(sampler, params, tok, [make_env() for _ in seeds], seeds,
+                             rng=jax.random.key(config.seed), greedy=True, **common)
+  rows = [s for s in seeds for _ in range(config.samples)]
+  sampled, _ = agent_loop.run(sampler, params, tok, [make_env() for _ in rows], rows,
+                              rng=jax.random.key(config.seed + 1),
+                              temperature=config.temperature, **common)
+  correct = np.asarray([loop.trajectory_success(t) for t in sampled]).reshape(
+      config.num_problems, config.samples).sum(1)
+  result = {"greedy_success": float(np.mean([loop.trajectory_success(t) for t in greedy]))}
+  for k in config.ks:
+    result[f"pass@{k}"] = float(np.mean([pass_at_k(config.samples, int(c), k) for c in correct]))
+  return result
+
+
+def train(config: mlc.ConfigDict, workdir: str) -> dict:
+  """Evaluates the checkpoint; `train` by name so the smoke test treats every binary alike."""
+  validate(config)
+  with open(os.path.join(config.run_dir, "config.json")) as f:
+    run_config = mlc.ConfigDict(json.load(f))
+  mesh = sharding.make_mesh(run_config.mesh)
+  tok, graphdef, params = grpo.build_policy(run_config, mesh)
+  params, step = load_params(run_config, config.run_dir, config.step, mesh, params)
+  sampler = sampler_lib.Sampler(graphdef, pad_id=tok.pad_id)
+  result = {"run_dir": config.run_dir, "step": step, "num_problems": config.num_problems,
+            "samples": config.samples,
+            **evaluate(config, run_config, sampler, tok, grpo.make_task(run_config), params)}
+  os.makedirs(workdir, exist_ok=True)
+  with open(os.path.join(workdir, "eval.json"), "w") as f:
+    json.dump(result, f, indent=2)
+  rows = [[k, f"{v:.1%}"] for k, v in result.items() if k == "greedy_success" or "@" in k]
+  print(metrics_lib.format_table([f"{config.run_dir} @ {step}", "held-out"], rows))
+  return result
+
+
+def main(argv):
+  del argv
+  train(_CONFIG.value, _WORKDIR.value)
+
+
+if __name__ == "__main__":
+  _CONFIG = config_flags.DEFINE_config_file("config", __file__, lock_config=True)
+  _WORKDIR = flags.DEFINE_string("workdir", "runs/eval", "Output directory.")
+  app.run(main)

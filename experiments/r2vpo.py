@@ -1,0 +1,189 @@
+# pylint: disable=invalid-name
+r"""R2VPO, Ratio-Variance Regularized Policy Optimization (Luo et al. 2026, arXiv 2601.03320).
+
+  python -m experiments.r2vpo
+  python -m experiments.r2vpo --config=experiments/r2vpo.py:smoke --workdir=/tmp/r2vpo
+
+No official code or paper body was available; this is the reconstruction of algorithms.md
+§3.2 ([INF], provisional). Instead of clipping, the ratio's second central moment is
+constrained, max E_mu[r A] s.t. E_mu[(r - 1)^2] <= delta, by primal-dual steps:
+  primal  L = mean(-A r + sg(lambda) (r - 1)^2)          (agentrl.losses.policy.r2vpo)
+  dual    lambda <- max(0, lambda + eta (V_hat - delta))  (policy.r2vpo_dual_update)
+Off-policy reuse: each update also trains on the previous step's batch, whose behaviour
+log-probs are those of the policy that sampled it, so its ratio is r = pi_theta / mu_old and
+the variance penalty re-weights it instead of discarding it; its rows are further weighted by
+stale_decay ** 1 (one policy version old). lambda and the replay batch live in the train state,
+so checkpoints hold them and a resumed run continues exactly.
+"""
+import time
+
+from absl import app
+from absl import flags
+import flax
+from flax import nnx
+import jax
+import jax.numpy as jnp
+import ml_collections as mlc
+from ml_collections import config_flags
+import optax
+
+from agentrl import advantages
+from agentrl import configs
+from agentrl import loop
+from agentrl import sharding
+from agentrl import types
+from agentrl.data import generators
+from agentrl.data import stream
+from agentrl.losses import aggregation
+from agentrl.losses import policy as pg
+from agentrl.models import policy as policy_lib
+from agentrl.rollout import sampler as sampler_lib
+from experiments import grpo
+
+_REPLAY_FIELDS = ("tokens_BT", "positions_BT", "input_mask_BT", "loss_mask_BT", "adv_BT",
+                  "old_logp_BT")
+
+
+@flax.struct.dataclass
+class State(types.TrainState):
+  lam: jax.Array                 # the dual variable lambda >= 0
+  replay: types.Batch            # the previous step's batch (its behaviour log-probs kept)
+  has_replay: jax.Array          # False until a first batch has been stored
+
+
+def get_config(arg: str | None = None) -> mlc.ConfigDict:
+  c = grpo.get_config(arg)
+  # delta, eta and the initial lambda are not known from the paper ([INF] choices).
+  c.loss = dict(delta=0.05, lam_init=0.1, lam_lr=1.0, stale_decay=0.5, level="token")
+  c.updates.minibatches = 1
+  return c
+
+
+LOSS_SCHEMA = {
+    "loss.delta": configs.Key(float, min=0.0),
+    "loss.lam_init": configs.Key(float, min=0.0),
+    "loss.lam_lr": configs.Key(float, min=0.0),
+    "loss.stale_decay": configs.Key(float, min=0.0, max=1.0),
+    "loss.level": configs.Key(str, choices=("token", "sequence")),
+    "updates.minibatches": configs.Key(int, min=1, max=1,
+                                       why="for R2VPO (the replay pairs with the whole batch)"),
+    "updates.epochs": configs.Key(int, min=1, max=1, why="for R2VPO"),
+}
+
+
+def make_update_step(config, graphdef, tx):
+  """update_step(state, batch): primal step on batch + replay, then the dual step on lambda."""
+  lc, impl, temperature = config.loss, config.model.logprob_impl, config.rollout.temperature
+
+  def loss_fn(params, batch: types.Batch, staleness_B, lam):
+    policy = nnx.merge(graphdef, params)
+    logp_BT = policy_lib.token_logprobs(policy, batch.tokens_BT, batch.positions_BT,
+                                        batch.input_mask_BT, temperature=temperature, impl=impl)
+    loss_BT, metrics = pg.r2vpo(logp_BT, batch.old_logp_BT, batch.adv_BT, batch.loss_mask_BT,
+                                lam=lam, delta=lc.delta, level=lc.level,
+                                staleness_B=staleness_B, stale_decay=lc.stale_decay)
+    mode = "token-mean" if lc.level == "token" else "seq-mean-token-mean"
+    loss = aggregation.aggregate(loss_BT, batch.loss_mask_BT, mode)
+    return loss, metrics | {"loss": loss}
+
+  def update_step(state: State, batch: types.Batch):
+    current = types.Batch(**{k: getattr(batch, k) for k in _REPLAY_FIELDS})
+    # Before the first store the replay rows have mask 0: they add nothing to the loss.
+    stale = state.replay.replace(loss_mask_BT=state.replay.loss_mask_BT * state.has_replay)
+    both = jax.tree.map(lambda a, b: jnp.concatenate([a, b]), current, stale)
+    B = current.tokens_BT.shape[0]
+    staleness_B = jnp.concatenate([jnp.zeros(B), jnp.ones(B)])
+    (_, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params, both,
+                                                                    staleness_B, state.lam)
+    updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    lam = pg.r2vpo_dual_update(state.lam, metrics["ratio_var"], delta=lc.delta, lr=lc.lam_lr)
+    metrics |= {"grad_norm": optax.tree.norm(grads), "replay_used": state.has_replay * 1.0}
+    return state.replace(step=state.step + 1, params=params, opt_state=opt_state, lam=lam,
+                         replay=current, has_replay=jnp.ones((), bool)), metrics
+
+  return update_step
+
+
+def make_advantage_fn(config):
+  """GRPO advantages (group mean/std), broadcast to response tokens."""
+  G = config.rollout.group_size
+
+  def advantage_fn(batch: types.Batch, extras):
+    del extras
+    adv_B = advantages.grpo(batch.reward_B, group_size=G)
+    return (batch.replace(adv_BT=advantages.broadcast_to_tokens(adv_B, batch.loss_mask_BT)),
+            {"adv_abs_mean": jnp.abs(adv_B).mean()})
+
+  return advantage_fn
+
+
+def init_state(config, params, tx, mesh) -> tuple[State, State]:
+  """(State, its shardings): the TrainState plus lambda and an empty replay batch."""
+  base, base_shardings = sharding.create_train_state(params, tx, mesh, config.sharding_rules)
+  B = config.rollout.prompts_per_step * config.rollout.group_size
+  T = config.rollout.max_len  # rollouts are packed to exactly max_len (grpo rollout_fn)
+  shapes = {"tokens_BT": jnp.int32, "positions_BT": jnp.int32, "input_mask_BT": jnp.bool_,
+            "loss_mask_BT": jnp.float32, "adv_BT": jnp.float32, "old_logp_BT": jnp.float32}
+  rows, replicated = sharding.batch_sharding(mesh), jax.sharding.NamedSharding(
+      mesh, jax.sharding.PartitionSpec())
+  replay = types.Batch(**{k: jax.device_put(jnp.zeros((B, T), dtype), rows)
+                          for k, dtype in shapes.items()})
+  state = State(step=base.step, params=base.params, opt_state=base.opt_state,
+                lam=jax.device_put(jnp.float32(config.loss.lam_init), replicated),
+                replay=replay, has_replay=jax.device_put(jnp.zeros((), bool), replicated))
+  shardings = State(step=base_shardings.step, params=base_shardings.params,
+                    opt_state=base_shardings.opt_state, lam=replicated,
+                    replay=jax.tree.map(lambda _: rows, replay), has_replay=replicated)
+  return state, shardings
+
+
+def train(config: mlc.ConfigDict, workdir: str) -> dict:
+  """R2VPO end to end; returns the summary written to <workdir>/summary.json."""
+  grpo.validate(config, LOSS_SCHEMA)
+  start, rc = time.perf_counter(), config.rollout
+  mesh = sharding.make_mesh(config.mesh)
+  tok, graphdef, params = grpo.build_policy(config, mesh)
+  params, sft_info = grpo.warm_start_params(config, workdir, mesh, graphdef, params, tok)
+  ref_params = jax.tree.map(jnp.copy, params)
+  tx = grpo.make_optimizer(config.optim)
+  state, state_shardings = init_state(config, params, tx, mesh)
+
+  score_step = jax.jit(loop.make_score_step(graphdef, temperature=rc.temperature,
+                                            logprob_impl=config.model.logprob_impl,
+                                            with_ref=True))
+  update_step = jax.jit(loop.skip_nonfinite(make_update_step(config, graphdef, tx)),
+                        donate_argnames="state", out_shardings=(state_shardings, None))
+  sampler = sampler_lib.Sampler(graphdef, pad_id=tok.pad_id)
+  make_env = grpo.make_task(config)
+  data = stream.PromptStream(generators.GeneratorSource(generators.env_prompts(make_env())),
+                             shuffle=False)
+
+  def evaluate(params):
+    return {"success": grpo.held_out_success(
+        sampler, tok, make_env, params, num=config.eval.num_problems,
+        max_new_tokens=rc.max_new_tokens, max_len=rc.max_len,
+        chat_template=config.task.chat_template)}
+
+  with jax.set_mesh(mesh):
+    result = loop.run(
+        state, rng=jax.random.key(config.seed), total_steps=config.total_steps,
+        workdir=workdir,
+        rollout_fn=grpo.default_rollout_fn(config, sampler, tok, make_env, data, mesh),
+        score_fn=lambda params, batch: score_step(params, ref_params, batch),
+        advantage_fn=jax.jit(make_advantage_fn(config)), update_fn=update_step,
+        data=data, evaluate=evaluate, eval_every=config.eval.every,
+        save_every=config.log.save_every, keep=config.log.keep,
+        tensorboard=config.log.tensorboard)
+  return grpo.write_summary(workdir, result, sft_info, time.perf_counter() - start, "R2VPO")
+
+
+def main(argv):
+  del argv
+  train(_CONFIG.value, _WORKDIR.value)
+
+
+if __name__ == "__main__":
+  _CONFIG = config_flags.DEFINE_config_file("config", __file__, lock_config=True)
+  _WORKDIR = flags.DEFINE_string("workdir", "runs/r2vpo", "Output directory.")
+  app.run(main)

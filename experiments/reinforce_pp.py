@@ -1,0 +1,104 @@
+# pylint: disable=invalid-name
+r"""REINFORCE++ (Hu 2025, arXiv 2501.03262): critic-free PPO with batch-whitened returns.
+
+  python -m experiments.reinforce_pp
+  python -m experiments.reinforce_pp --config=experiments/reinforce_pp.py:smoke \
+      --workdir=/tmp/reinforce_pp
+
+Token rewards R_t = score * 1[t = last policy token] - beta * kl_k1(pi_old || pi_ref)_t (the KL
+penalty lives in the reward, not the loss), returns Ret_t = sum_{k>=t} gamma^(k-t) R_k over
+policy tokens, and advantages = returns whitened over the whole batch, not per group
+(algorithms.md §4.10). The policy loss is the PPO clipped surrogate, token-mean.
+Everything else (warm start, rollout, scoring, loop, summary) is experiments/grpo.py.
+"""
+from absl import app
+from absl import flags
+from flax import nnx
+import jax
+import jax.numpy as jnp
+import ml_collections as mlc
+from ml_collections import config_flags
+import optax
+
+from agentrl import advantages
+from agentrl import configs
+from agentrl import types
+from agentrl.losses import aggregation
+from agentrl.losses import kl
+from agentrl.losses import policy as pg
+from agentrl.models import policy as policy_lib
+from experiments import grpo
+
+
+def get_config(arg: str | None = None) -> mlc.ConfigDict:
+  c = grpo.get_config(arg)
+  c.loss = dict(eps_low=0.2, eps_high=0.2, kl_coef=0.001, gamma=1.0)
+  return c
+
+
+LOSS_SCHEMA = {
+    "loss.eps_low": configs.Key(float, min=0.0, max=1.0),
+    "loss.eps_high": configs.Key(float, min=0.0),
+    "loss.kl_coef": configs.Key(float, min=0.0),
+    "loss.gamma": configs.Key(float, min=0.0, max=1.0),
+    "rollout.group_size": configs.Key(int, min=1),
+}
+
+
+def make_update_step(config, graphdef, tx):
+  """Returns update_step(state, batch) -> (state, metrics). Pure; jit it in train()."""
+  lc, impl, temperature = config.loss, config.model.logprob_impl, config.rollout.temperature
+
+  def loss_fn(params, batch: types.Batch):
+    policy = nnx.merge(graphdef, params)
+    logp_BT = policy_lib.token_logprobs(policy, batch.tokens_BT, batch.positions_BT,
+                                        batch.input_mask_BT, temperature=temperature, impl=impl)
+    mask_BT = batch.loss_mask_BT
+    pg_BT, metrics = pg.ppo_clip(logp_BT, batch.old_logp_BT, batch.adv_BT, mask_BT,
+                                 eps_low=lc.eps_low, eps_high=lc.eps_high)
+    loss = aggregation.aggregate(pg_BT, mask_BT, "token-mean")
+    return loss, metrics | {"loss": loss}
+
+  def update_step(state: types.TrainState, batch: types.Batch):
+    (_, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params, batch)
+    updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    metrics |= {"grad_norm": optax.tree.norm(grads)}
+    return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics
+
+  return update_step
+
+
+def make_advantage_fn(config):
+  """Whitened discounted returns of the KL-penalized token rewards, [B, T]."""
+  lc = config.loss
+
+  def advantage_fn(batch: types.Batch, extras):
+    del extras
+    mask_BT = batch.loss_mask_BT
+    reward_BT, metrics = kl.kl_in_reward(batch.reward_B, batch.old_logp_BT, batch.ref_logp_BT,
+                                         mask_BT, beta=lc.kl_coef, kind="k1")
+    adv_BT = advantages.reinforce_pp(reward_BT, mask_BT, gamma=lc.gamma)
+    metrics = {"kl_in_reward": metrics["kl"],
+               "adv_abs_mean": aggregation.masked_mean(jnp.abs(adv_BT), mask_BT)}
+    return batch.replace(adv_BT=adv_BT), metrics
+
+  return advantage_fn
+
+
+METHOD = grpo.Method("REINFORCE++", LOSS_SCHEMA, make_update_step, make_advantage_fn)
+
+
+def train(config: mlc.ConfigDict, workdir: str) -> dict:
+  return grpo.run(config, workdir, METHOD)
+
+
+def main(argv):
+  del argv
+  train(_CONFIG.value, _WORKDIR.value)
+
+
+if __name__ == "__main__":
+  _CONFIG = config_flags.DEFINE_config_file("config", __file__, lock_config=True)
+  _WORKDIR = flags.DEFINE_string("workdir", "runs/reinforce_pp", "Output directory.")
+  app.run(main)
