@@ -439,6 +439,7 @@ METHOD = Method("GRPO", LOSS_SCHEMA, make_update_step, make_advantage_fn)
 
 def main(argv):
   del argv
+  sharding.initialize_distributed()  # no-op unless launched multi-process
   train(_CONFIG.value, _WORKDIR.value)
 
 

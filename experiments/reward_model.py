@@ -173,6 +173,7 @@ def train(config: mlc.ConfigDict, workdir: str) -> dict:
 
 def main(argv):
   del argv
+  sharding.initialize_distributed()  # no-op unless launched multi-process
   train(_CONFIG.value, _WORKDIR.value)
 
 

@@ -20,6 +20,7 @@ import optax
 
 from agentrl import advantages
 from agentrl import configs
+from agentrl import sharding
 from agentrl import types
 from agentrl.losses import aggregation
 from agentrl.losses import policy as pg
@@ -85,6 +86,7 @@ def train(config: mlc.ConfigDict, workdir: str) -> dict:
 
 def main(argv):
   del argv
+  sharding.initialize_distributed()  # no-op unless launched multi-process
   train(_CONFIG.value, _WORKDIR.value)
 
 
