@@ -15,6 +15,15 @@ and model, restores the params of checkpoint `step` ("latest", a step number, or
                    pass@k = 1 - C(n - c, k) / C(n, k) averaged over problems (Chen et al. 2021,
                    "Evaluating Large Language Models Trained on Code", eq. 1), c = # correct.
 
+HF-exported weights: `--config.export_hf=DIR` also writes the evaluated params as a
+transformers-loadable directory (config.json, model.safetensors, the tokenizer), and
+`--config.model_path=DIR` (an HF directory or a .gguf) evaluates those weights instead of a
+checkpoint of run_dir; run_dir still supplies the task and rollout lengths, and its tokenizer
+when DIR has none.
+
+  python -m experiments.eval --config.export_hf=runs/grpo_hf      # checkpoint -> HF dir
+  python -m experiments.eval --config.model_path=runs/grpo_hf     # evaluate the HF dir
+
 Writes <workdir>/eval.json and prints a table.
 """
 import json
@@ -23,6 +32,7 @@ import os
 
 from absl import app
 from absl import flags
+from flax import nnx
 import jax
 import ml_collections as mlc
 from ml_collections import config_flags
@@ -33,6 +43,9 @@ from agentrl import configs
 from agentrl import loop
 from agentrl import metrics as metrics_lib
 from agentrl import sharding
+from agentrl.models import hf
+from agentrl.models import tokenizer as tokenizer_lib
+from agentrl.models import transformer
 from agentrl.rollout import agent_loop
 from agentrl.rollout import sampler as sampler_lib
 from experiments import grpo
@@ -49,6 +62,8 @@ def get_config(arg: str | None = None) -> mlc.ConfigDict:
   c.ks = [1, 4, 8]
   c.temperature = 1.0
   c.seed = 0
+  c.model_path = ""              # HF directory or .gguf to evaluate instead of a checkpoint
+  c.export_hf = ""               # also write the evaluated params here as an HF directory
   if arg.smoke:  # Seconds on CPU; run by tests/experiments_smoke_test.py.
     c.num_problems, c.samples, c.ks = 4, 2, [1, 2]
   return c
@@ -62,6 +77,8 @@ SCHEMA = {
     "ks": configs.Key(list, min=1),
     "temperature": configs.Key(float, min=1e-3),
     "seed": configs.Key(int, min=0),
+    "model_path": configs.Key(str),
+    "export_hf": configs.Key(str),
 }
 
 
@@ -78,6 +95,9 @@ def validate(config) -> None:
     configs.require(isinstance(k, int) and 1 <= k <= config.samples,
                     f"config.ks entries must be ints in [1, config.samples={config.samples}], "
                     f"got {k!r}")
+  configs.require(not config.model_path or os.path.exists(config.model_path),
+                  f"config.model_path={config.model_path!r} does not exist; give an HF model "
+                  "directory (config.json + safetensors) or a .gguf file")
   path = os.path.join(config.run_dir, "config.json")
   configs.require(os.path.exists(path), f"config.run_dir={config.run_dir!r} has no config.json; "
                   "point it at the --workdir of a GRPO-family run")
@@ -107,6 +127,21 @@ def load_params(run_config, run_dir: str, step: str, mesh, params):
   return tree["state"].params, str(wanted)
 
 
+def load_hf(path: str, run_tok, run_config, mesh):
+  """(tokenizer, graphdef, params) of an HF directory or GGUF, sharded like the run's policy."""
+  cfg, params = hf.load(path)
+  try:
+    tok = tokenizer_lib.load(path)
+  except FileNotFoundError:
+    tok = run_tok   # e.g. weights exported without a tokenizer: use the run's
+  if cfg.vocab < tok.vocab_size:
+    raise configs.ConfigError(f"config.model_path={path!r}: the model has {cfg.vocab} "
+                              f"embedding rows but its tokenizer has {tok.vocab_size} ids")
+  graphdef = nnx.split(nnx.eval_shape(lambda: transformer.Transformer(cfg, rngs=nnx.Rngs(0))))[0]
+  rules = run_config.sharding_rules
+  return tok, graphdef, sharding.reshard(params, sharding.tree_shardings(params, mesh, rules))
+
+
 def evaluate(config, run_config, sampler, tok, make_env, params) -> dict[str, float]:
   """Greedy success and unbiased pass@k over the held-out problems."""
   rc = run_config.rollout
@@ -134,7 +169,15 @@ def train(config: mlc.ConfigDict, workdir: str) -> dict:
     run_config = mlc.ConfigDict(json.load(f))
   mesh = sharding.make_mesh(run_config.mesh)
   tok, graphdef, params = grpo.build_policy(run_config, mesh)
-  params, step = load_params(run_config, config.run_dir, config.step, mesh, params)
+  if config.model_path:
+    tok, graphdef, params = load_hf(config.model_path, tok, run_config, mesh)
+    step = f"hf:{config.model_path}"
+  else:
+    params, step = load_params(run_config, config.run_dir, config.step, mesh, params)
+  if config.export_hf:
+    model_cfg = nnx.merge(graphdef, params).cfg
+    hf.save(model_cfg, params, config.export_hf)
+    tokenizer_lib.save(tok, config.export_hf)
   sampler = sampler_lib.Sampler(graphdef, pad_id=tok.pad_id)
   result = {"run_dir": config.run_dir, "step": step, "num_problems": config.num_problems,
             "samples": config.samples,

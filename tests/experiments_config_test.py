@@ -124,6 +124,11 @@ class EvalTest(absltest.TestCase):
     config.ks = [1, 16]
     with self.assertRaisesRegex(configs.ConfigError, r"config\.ks entries must be ints in \[1, "):
       evaluation.validate(config)
+    config = evaluation.get_config()
+    config.model_path = "/nonexistent/hf_dir"
+    with self.assertRaisesRegex(configs.ConfigError,
+                                r"config\.model_path='/nonexistent/hf_dir' does not exist"):
+      evaluation.validate(config)
 
 
 if __name__ == "__main__":

@@ -82,6 +82,19 @@ class SmokeTest(parameterized.TestCase):
       for key in ("greedy_success", "pass@1", "pass@2"):
         self.assertBetween(result[key], 0.0, 1.0)
       self.assertTrue(os.path.exists(os.path.join(workdir, "eval.json")))
+    # Checkpoint -> HF directory -> evaluated from that directory: the same numbers.
+    export_dir = os.path.join(_tmpdir(self), "hf")
+    config = evaluation.get_config("smoke")
+    config.run_dir, config.export_hf = run_dir, export_dir
+    native = evaluation.train(config, _tmpdir(self))
+    for name in ("config.json", "model.safetensors", "tokenizer.model"):
+      self.assertTrue(os.path.exists(os.path.join(export_dir, name)), name)
+    config = evaluation.get_config("smoke")
+    config.run_dir, config.model_path = run_dir, export_dir
+    exported = evaluation.train(config, _tmpdir(self))
+    self.assertEqual(exported["step"], f"hf:{export_dir}")
+    for key in ("greedy_success", "pass@1", "pass@2"):
+      self.assertEqual(exported[key], native[key], key)
 
 
 class RealScaleTest(absltest.TestCase):

@@ -271,6 +271,29 @@ def load(path) -> Tokenizer:
                    "sentencepiece .model, a .gguf, or a directory holding one.")
 
 
+def save(tok: Tokenizer, directory) -> str:
+  """Writes `tok` next to an exported model so that `load(directory)` reads it back.
+
+  A sentencepiece vocabulary goes to tokenizer.model; a `tokenizers` one to tokenizer.json plus
+  tokenizer_config.json (bos/eos/pad tokens and the chat template), as transformers expects.
+  Returns the path written.
+  """
+  directory = os.fspath(directory)
+  os.makedirs(directory, exist_ok=True)
+  if isinstance(tok.backend, _SpBackend):
+    path = os.path.join(directory, "tokenizer.model")
+    with open(path, "wb") as f:
+      f.write(tok.backend.sp.serialized_model_proto())
+    return path
+  path = os.path.join(directory, "tokenizer.json")
+  tok.backend.tok.save(path)
+  token = lambda i: None if i is None else tok.backend.tok.id_to_token(i)
+  with open(os.path.join(directory, "tokenizer_config.json"), "w") as f:
+    json.dump({"bos_token": token(tok.bos_id), "eos_token": token(tok.eos_id),
+               "pad_token": token(tok.pad_id), "chat_template": tok.chat_template}, f, indent=2)
+  return path
+
+
 def train_sentencepiece(lines: Iterable[str], vocab_size: int, *, model_type: str = "bpe",
                         user_defined_symbols: Sequence[str] = ("<|im_start|>", "<|im_end|>"),
                         path: str | None = None, **trainer_kwargs) -> Tokenizer:

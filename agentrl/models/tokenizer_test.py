@@ -63,6 +63,17 @@ class SentencePieceTest(absltest.TestCase):
     self.assertEqual(tok.encode(text, add_bos=True), [2] + ids)
     self.assertEqual(tokenizer.load(self.path).encode(text), ids)
 
+  def test_save_load_round_trip(self):
+    directory = tempfile.mkdtemp()
+    self.assertEqual(tokenizer.save(self.tok, directory),
+                     os.path.join(directory, "tokenizer.model"))
+    back = tokenizer.load(directory)
+    text = "the cat counted 1234 dogs"
+    self.assertEqual(back.encode(text), self.tok.encode(text))
+    self.assertEqual((back.bos_id, back.eos_id, back.pad_id, back.end_of_turn_ids),
+                     (self.tok.bos_id, self.tok.eos_id, self.tok.pad_id,
+                      self.tok.end_of_turn_ids))
+
   def test_chatml_fallback_and_special_tokens(self):
     tok = self.tok
     start, end = tok.token_to_id("<|im_start|>"), tok.token_to_id("<|im_end|>")
@@ -97,6 +108,17 @@ class HfJsonTest(absltest.TestCase):
     self.assertEqual(tok.decode(tok.encode(text)), text)
     self.assertEqual(tokenizer.load(os.path.join(self.dir, "tokenizer.json")).encode(text),
                      tok.encode(text))
+
+  def test_save_load_round_trip(self):
+    directory = tempfile.mkdtemp()
+    tokenizer.save(self.tok, directory)
+    back = tokenizer.load(directory)
+    text = "the old red barn\tand 🙂"
+    self.assertEqual(back.encode(text), self.tok.encode(text))
+    self.assertEqual((back.bos_id, back.eos_id, back.pad_id, back.special_ids),
+                     (self.tok.bos_id, self.tok.eos_id, self.tok.pad_id, self.tok.special_ids))
+    messages = [{"role": "user", "content": "hi"}]
+    self.assertEqual(back.apply_chat_template(messages), self.tok.apply_chat_template(messages))
 
   def test_shipped_template_renders_in_a_sandbox(self):
     tok = self.tok
