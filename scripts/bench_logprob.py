@@ -40,6 +40,8 @@ _MODES = flags.DEFINE_list("modes", ["fwd", "fwd+bwd"], "fwd and/or fwd+bwd.")
 _DTYPE = flags.DEFINE_string("dtype", "float32", "Input dtype (bf16 matmuls are emulated on CPU).")
 _REPEATS = flags.DEFINE_integer("repeats", 3, "Timed rounds after one warm-up.")
 _XLA_ROWS = flags.DEFINE_integer("xla_rows", 0, "xla.BlockSizes.rows; 0 keeps the default.")
+_XLA_BACKWARD = flags.DEFINE_enum("xla_backward", "auto", ["auto", "tokens", "vocab"],
+                                  "xla.BlockSizes.backward: the backward's loop order.")
 _PALLAS_SHAPE = flags.DEFINE_string(
     "pallas_interpret_shape", "", "If set (NxDxV), also run impl=pallas in interpret mode there.")
 _WORKER = flags.DEFINE_string("worker", "", "Internal: run one job given as JSON.")
@@ -69,8 +71,9 @@ def _compile(job: dict, impl: str):
   kw = dict(impl=impl)
   if impl == "pallas":
     kw["interpret"] = jax.default_backend() == "cpu"
-  if impl == "xla" and job.get("rows"):
-    kw["block_sizes"] = xla.BlockSizes(rows=job["rows"])
+  if impl == "xla":
+    kw["block_sizes"] = xla.BlockSizes(rows=job.get("rows") or None,
+                                       backward=job.get("backward", "auto"))
   if job["mode"] == "fwd":
     fn = jax.jit(lambda h, w: ops.token_logprobs(h, w, y, **kw))
   else:
@@ -118,7 +121,8 @@ def _spawn(job: dict) -> dict:
 
 def _measure(shape, mode, impls, repeats):
   """Rows for one (shape, mode): memory per impl (fresh processes), then interleaved time."""
-  base = dict(shape=shape, mode=mode, dtype=_DTYPE.value, rows=_XLA_ROWS.value)
+  base = dict(shape=shape, mode=mode, dtype=_DTYPE.value, rows=_XLA_ROWS.value,
+              backward=_XLA_BACKWARD.value)
   times = _spawn(dict(base, kind="time", impls=impls, repeats=repeats))
   rows = []
   for impl in impls:
@@ -140,6 +144,8 @@ def _table(rows):
     name = r["impl"] + (" (interpret)" if r["impl"] == "pallas" else "")
     if r["impl"] == "xla" and r["rows"]:
       name += f" rows={r['rows']}"
+    if r["impl"] == "xla" and r.get("backward", "auto") != "auto" and r["mode"] != "fwd":
+      name += f" bwd={r['backward']}"
     print(f"{'x'.join(map(str, r['shape'])):>16} {r['mode']:>8} {name:>20} {r['xla_mb']:9.1f} "
           f"{r['rss_mb']:9.1f} {r['t_min']:8.3f} {r['t_med']:9.3f} {ratios[0]:>12} "
           f"{ratios[1]:>9} {t_ratio:>10}")

@@ -102,12 +102,34 @@ class TokenLogprobsTest(parameterized.TestCase):
     got = _value_and_grads("xla", case, block_sizes=BLOCKS["xla"])
     _assert_close(self, got, _reference(tuple(case.items())), case["dtype"])
 
-  def test_gradient_is_zero_for_zero_cotangent_tokens(self):
+  @parameterized.parameters(*CASES)
+  def test_xla_vocab_chunked_backward_matches_reference(self, **case):
+    # 128-column chunks: exact (v=256), ragged last chunk shifted left (v=300, 1000, 5000).
+    blocks = xla.BlockSizes(rows=16, backward="vocab", cols=128)
+    got = _value_and_grads("xla", case, block_sizes=blocks)
+    _assert_close(self, got, _reference(tuple(case.items())), case["dtype"])
+
+  def test_xla_backward_orders_agree(self):
+    with self.assertRaisesRegex(ValueError, "backward must be 'auto', 'tokens' or 'vocab'"):
+      xla.backward(*[jnp.zeros(s) for s in ((4, 8), (8, 16))], jnp.zeros(4, jnp.int32),
+                   *[jnp.zeros(4)] * 3, None, block_sizes=xla.BlockSizes(backward="rows"))
+    # Both loop orders give the same gradients (N=40 > V=50 is false: auto would take vocab).
+    h_ND, w_DV, y_N, g_N, _ = _inputs(40, 16, 50, "float32")
+    z = lambda b: jax.jit(jax.grad(lambda h, w: jnp.sum(g_N * ops.token_logprobs(
+        h, w, y_N, impl="xla", block_sizes=b)), (0, 1)))(h_ND, w_DV)
+    tokens, vocab = z(xla.BlockSizes(rows=16, backward="tokens")), z(
+        xla.BlockSizes(backward="vocab", cols=16))
+    for a, b in zip(tokens, vocab):
+      np.testing.assert_allclose(a, b, atol=1e-5)
+
+  @parameterized.parameters("tokens", "vocab")
+  def test_gradient_is_zero_for_zero_cotangent_tokens(self, order):
     # A masked token (g = g_ent = 0) must not contribute to dh (its row) or to dW.
     h_ND, w_DV, y_N, g_N, _ = _inputs(16, 32, 300, "float32")
     g_N = g_N.at[5:].set(0.0)
+    blocks = xla.BlockSizes(rows=16, backward=order, cols=128)
     loss = lambda h, w: jnp.sum(g_N * ops.token_logprobs(h, w, y_N, impl="xla",
-                                                         block_sizes=BLOCKS["xla"]))
+                                                         block_sizes=blocks))
     dh, dw = jax.jit(jax.grad(loss, (0, 1)))(h_ND, w_DV)
     np.testing.assert_array_equal(dh[5:], 0.0)
     self.assertTrue(np.all(np.abs(dh[:5]).sum(-1) > 0))

@@ -3,8 +3,15 @@
 
 A `lax.map`/`lax.scan` over token chunks of `rows` tokens; each chunk materializes full-V
 float32 logits (`rows × V × 4` bytes, never `[N, V]`), as Liger's fused linear cross-entropy and
-Tunix's `compute_chunked_logps` do. The backward recomputes each chunk's logits and folds the
-per-token cotangents in before the `dW` sum (6NDV with the forward's 2NDV: 8NDV in all).
+Tunix's `compute_chunked_logps` do. The backward recomputes the logits chunk by chunk and folds
+the per-token cotangents in before the `dW` sum (6NDV with the forward's 2NDV: 8NDV in all).
+
+The backward has two loop orders with the same FLOPs. Over token chunks (`"tokens"`), every
+chunk adds into the whole float32 `dW` (a read-modify-write of V×D per chunk); over vocabulary
+chunks (`"vocab"`), each chunk of `cols` columns sees all N tokens, writes its slice of `dW`
+once and adds into `dh` (N×D per chunk) instead. With chunks sized by the same byte budget the
+traffic ratio is V/N, so `"auto"` picks `"vocab"` when V > N (large vocabularies, the common
+LLM case) and `"tokens"` otherwise.
 
 Both functions are building blocks for the `custom_vjp` in ops.py and for a vocab-parallel
 wrapper: `forward_stats` on a local vocab shard returns partial `Stats`, and `backward` takes the
@@ -27,6 +34,8 @@ class BlockSizes:
   """
   rows: int | None = None
   chunk_bytes: int = 64 * 2**20
+  backward: str = "auto"      # "tokens", "vocab", or "auto" (vocab when V > N)
+  cols: int | None = None     # vocab columns per backward chunk; None: from chunk_bytes
 
 
 def _chunk(x, rows: int):
@@ -75,6 +84,62 @@ def backward(hidden_ND, w_DV, targets_N, lse_N, mean_z_N, g_N, g_ent_N, *,
 
   `lse_N` and `mean_z_N` are over the full vocabulary; `g_ent_N` may be None.
   """
+  n, v = hidden_ND.shape[0], w_DV.shape[1]
+  order = block_sizes.backward
+  if order not in ("auto", "tokens", "vocab"):
+    raise ValueError(f"xla.BlockSizes.backward must be 'auto', 'tokens' or 'vocab', got "
+                     f"{order!r}.")
+  if order == "auto":
+    order = "vocab" if v > n else "tokens"
+  fn = _backward_vocab if order == "vocab" else _backward_tokens
+  return fn(hidden_ND, w_DV, targets_N, lse_N, mean_z_N, g_N, g_ent_N, temperature=temperature,
+            softcap=softcap, block_sizes=block_sizes)
+
+
+def _backward_vocab(hidden_ND, w_DV, targets_N, lse_N, mean_z_N, g_N, g_ent_N, *,
+                    temperature, softcap, block_sizes):
+  """Loop over vocabulary chunks: each writes its columns of dW once and adds into dh."""
+  n, d = hidden_ND.shape
+  v = w_DV.shape[1]
+  cols = block_sizes.cols or max(128, block_sizes.chunk_bytes // (4 * n) // 128 * 128)
+  if cols <= 0:
+    raise ValueError(f"xla.BlockSizes.cols must be positive, got {cols}.")
+  cols = min(cols, v)
+  num = -(-v // cols)
+  y_n1 = targets_N[:, None]
+  lse, mean_z, g = (x.astype(jnp.float32)[:, None] for x in (lse_N, mean_z_N, g_N))
+  g_ent = None if g_ent_N is None else g_ent_N.astype(jnp.float32)[:, None]
+
+  def step(carry, c):
+    dh_ND, dw_DV = carry
+    # A ragged last chunk is shifted left to end at V; the columns it shares with the previous
+    # chunk are masked out of dh and keep the dW the previous chunk wrote. No padded copy of W.
+    start = jnp.minimum(c * cols, v - cols)
+    w_Dc = jax.lax.dynamic_slice_in_dim(w_DV, start, cols, axis=1)
+    col_1c = start + jnp.arange(cols, dtype=jnp.int32)[None, :]
+    fresh_1c = col_1c >= c * cols
+    z_Nc, dz_ds = common.transform(_logits(hidden_ND, w_Dc), temperature=temperature,
+                                   softcap=softcap)
+    ds_Nc = common.dlogits(z_Nc, dz_ds, col_1c, y_n1, fresh_1c, lse, mean_z, g, g_ent)
+    ds_Nc = ds_Nc.astype(w_DV.dtype)
+    dh_ND = dh_ND + jax.lax.dot_general(ds_Nc, w_Dc, (((1,), (1,)), ((), ())),
+                                        preferred_element_type=jnp.float32)
+    dw_Dc = jax.lax.dot_general(hidden_ND, ds_Nc, (((0,), (0,)), ((), ())),
+                                preferred_element_type=jnp.float32)
+    old_Dc = jax.lax.dynamic_slice_in_dim(dw_DV, start, cols, axis=1)
+    # In place into the [D, V] result: no [V, D] accumulator and no transposed copy.
+    dw_DV = jax.lax.dynamic_update_slice_in_dim(dw_DV, jnp.where(fresh_1c, dw_Dc, old_Dc),
+                                                start, axis=1)
+    return (dh_ND, dw_DV), None
+
+  init = (jnp.zeros((n, d), jnp.float32), jnp.zeros((d, v), jnp.float32))
+  (dh_ND, dw_DV), _ = jax.lax.scan(step, init, jnp.arange(num))
+  return dh_ND, dw_DV
+
+
+def _backward_tokens(hidden_ND, w_DV, targets_N, lse_N, mean_z_N, g_N, g_ent_N, *,
+                     temperature, softcap, block_sizes):
+  """Loop over token chunks: each recomputes full-V logits and adds into the whole dW."""
   n, d = hidden_ND.shape
   v = w_DV.shape[1]
   rows = _rows(n, v, block_sizes)
