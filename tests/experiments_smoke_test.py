@@ -20,6 +20,7 @@ from absl.testing import parameterized
 import jax
 import optax
 
+from agentrl import configs
 from agentrl import metrics
 from agentrl import sharding
 from agentrl.models import presets
@@ -97,7 +98,7 @@ class SmokeTest(parameterized.TestCase):
       self.assertEqual(exported[key], native[key], key)
 
 
-class RealScaleTest(absltest.TestCase):
+class RealScaleTest(parameterized.TestCase):
 
   def test_grpo_pod_preset_shapes_and_shardings(self):
     grpo = importlib.import_module("experiments.grpo")
@@ -116,6 +117,21 @@ class RealScaleTest(absltest.TestCase):
     embed_spec = shardings.params["embedding_VD"].spec
     self.assertEqual(tuple(embed_spec), ("tensor", "fsdp"))
     self.assertIsInstance(tx, optax.GradientTransformation)
+
+  @parameterized.parameters(*[(name,) for name in RL_EXPERIMENTS if name not in ("grpo", "agent")])
+  def test_family_pod_presets_validate(self, name):
+    # The GRPO-family binaries take grpo's presets; each must accept the pod preset under its
+    # own loss schema (its real-scale run fails up front otherwise, not after loading 8B).
+    grpo = importlib.import_module("experiments.grpo")
+    module = importlib.import_module(f"experiments.{name}")
+    config = module.get_config("pod")
+    self.assertEqual(dict(config.mesh), {"data": -1, "fsdp": 8, "tensor": 1})
+    self.assertEqual(config.model.variant, "qwen3-8b")
+    schema = getattr(module, "LOSS_SCHEMA", None) or getattr(module, "RM_SCHEMA")
+    with self.assertRaisesRegex(configs.ConfigError, "config.model.path must be"):
+      grpo.validate(config, schema)  # the checkpoint path is the user's to give
+    config.model.path = "/ckpt/Qwen3-8B"
+    grpo.validate(config, schema)
 
 
 if __name__ == "__main__":
