@@ -19,7 +19,6 @@ import ml_collections as mlc
 from ml_collections import config_flags
 import optax
 
-from agentrl import advantages
 from agentrl import configs
 from agentrl import sharding
 from agentrl import types
@@ -68,15 +67,7 @@ def make_update_step(config, graphdef, tx):
 
 def make_advantage_fn(config):
   """GRPO advantages (group mean/std), one per sequence."""
-  G = config.rollout.group_size
-
-  def advantage_fn(batch: types.Batch, extras):
-    del extras
-    adv_B = advantages.grpo(batch.reward_B, group_size=G)
-    return (batch.replace(adv_BT=advantages.broadcast_to_tokens(adv_B, batch.loss_mask_BT)),
-            {"adv_abs_mean": jnp.abs(adv_B).mean()})
-
-  return advantage_fn
+  return grpo.group_advantage_fn(config.rollout.group_size)
 
 
 METHOD = grpo.Method("GMPO", LOSS_SCHEMA, make_update_step, make_advantage_fn)

@@ -229,7 +229,11 @@ def make_update_step(config, graphdef, tx):
 
 def make_advantage_fn(config):
   """(batch, extras) -> (batch with adv_BT, metrics): GRPO's group-normalized outcome."""
-  G, norm_by_std = config.rollout.group_size, config.loss.norm_by_std
+  return group_advantage_fn(config.rollout.group_size, norm_by_std=config.loss.norm_by_std)
+
+
+def group_advantage_fn(G: int, *, norm_by_std: bool = True):
+  """The GRPO advantage step, shared by the methods that keep GRPO's estimator."""
 
   def advantage_fn(batch: types.Batch, extras):
     del extras
