@@ -217,6 +217,16 @@ def make_update_step(config, graphdef, tx):
     metrics |= {"loss": loss, "kl": aggregation.aggregate(kl_BT, mask_BT, "token-mean")}
     return loss, metrics
 
+  return gradient_step(loss_fn, tx)
+
+
+def gradient_step(loss_fn, tx):
+  """update_step(state, batch) -> (state, metrics): one optimizer step on loss_fn.
+
+  loss_fn(params, batch) -> (loss, metrics). The experiments differ in loss_fn (their loss
+  composition); the gradient/optimizer plumbing around it is this one function.
+  """
+
   def update_step(state: types.TrainState, batch: types.Batch):
     (_, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params, batch)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)

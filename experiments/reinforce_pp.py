@@ -14,11 +14,9 @@ Everything else (warm start, rollout, scoring, loop, summary) is experiments/grp
 from absl import app
 from absl import flags
 from flax import nnx
-import jax
 import jax.numpy as jnp
 import ml_collections as mlc
 from ml_collections import config_flags
-import optax
 
 from agentrl import advantages
 from agentrl import configs
@@ -60,14 +58,7 @@ def make_update_step(config, graphdef, tx):
     loss = aggregation.aggregate(pg_BT, mask_BT, "token-mean")
     return loss, metrics | {"loss": loss}
 
-  def update_step(state: types.TrainState, batch: types.Batch):
-    (_, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params, batch)
-    updates, opt_state = tx.update(grads, state.opt_state, state.params)
-    params = optax.apply_updates(state.params, updates)
-    metrics |= {"grad_norm": optax.tree.norm(grads)}
-    return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics
-
-  return update_step
+  return grpo.gradient_step(loss_fn, tx)
 
 
 def make_advantage_fn(config):
