@@ -17,14 +17,19 @@ Formulas and the verl conventions they copy are in algorithms.md §4.2-§4.11 an
 - Multi-turn: `information_gain` (IGPO, arXiv 2510.14967), `turn_group` and
   `discounted_turn_returns` (A2TGPO, arXiv 2605.06200), `broadcast_turn_to_tokens`.
 - DAPO (Yu et al. 2025, arXiv 2503.14476): `dapo_overlong_penalty`, `group_has_variance`.
+- `grpo_step`: GRPO's whole advantage step on a `types.Batch`, for the experiments that keep
+  GRPO's estimator.
 
 Conventions shared by the group estimators (verl): a group of size 1 has baseline 0 (and std 1
 for `grpo`), and a group whose rewards are all equal gets advantage exactly 0, never NaN.
 Token-level outputs are 0 wherever the loss mask is 0.
 """
+from collections.abc import Callable
+
 import jax
 import jax.numpy as jnp
 
+from agentrl import types
 from agentrl.losses import aggregation
 
 
@@ -319,3 +324,22 @@ def group_has_variance(reward_B: jax.Array, *, group_size: int) -> jax.Array:
   reward_PG = _grouped(reward_B, group_size)
   spread_P1 = reward_PG.max(axis=1, keepdims=True) > reward_PG.min(axis=1, keepdims=True)
   return jnp.broadcast_to(spread_P1, reward_PG.shape).reshape(-1)
+
+
+def grpo_step(group_size: int, *, norm_by_std: bool = True) -> Callable:
+  """advantage_fn(batch, extras) -> (batch with adv_BT, metrics): GRPO's outcome advantage.
+
+  `grpo` of `batch.reward_B` on every response token. Metrics: `adv_abs_mean` and
+  `groups_with_signal`, the fraction of rows whose group has any reward spread (the rest get
+  advantage exactly 0 and teach nothing). Pure; jit it in the experiment.
+  """
+
+  def advantage_fn(batch: types.Batch, extras):
+    del extras
+    adv_B = grpo(batch.reward_B, group_size=group_size, norm_by_std=norm_by_std)
+    live_B = group_has_variance(batch.reward_B, group_size=group_size)
+    metrics = {"adv_abs_mean": jnp.abs(adv_B).mean(),
+               "groups_with_signal": live_B.astype(jnp.float32).mean()}
+    return batch.replace(adv_BT=broadcast_to_tokens(adv_B, batch.loss_mask_BT)), metrics
+
+  return advantage_fn

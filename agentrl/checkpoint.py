@@ -29,7 +29,11 @@ class _DropOrbaxInfo(logging.Filter):
   """Drops orbax's INFO records (a dozen lines per save) from absl's log; keeps warnings."""
 
   def filter(self, record: logging.LogRecord) -> bool:
-    return record.levelno >= logging.WARNING or "orbax" not in record.pathname
+    if "orbax" not in record.pathname:
+      return True
+    # A read-only reader (`read_subtree`) is deliberate; orbax warns about it on every open.
+    return record.levelno >= logging.WARNING and "read only" not in record.getMessage() and (
+        "read_only=True" not in record.getMessage())
 
 
 _FILTER = _DropOrbaxInfo()
@@ -138,3 +142,56 @@ class Checkpointer:
   def close(self) -> None:
     self._manager.wait_until_finished()
     self._manager.close()
+
+
+def _reader(directory: str) -> ocp.CheckpointManager:
+  """A read-only manager: never creates, deletes or cleans anything under `directory`."""
+  logging.getLogger("absl").addFilter(_FILTER)
+  options = ocp.CheckpointManagerOptions(read_only=True, create=False)
+  return ocp.CheckpointManager(os.path.abspath(directory), options=options,
+                               item_handlers={"state": ocp.PyTreeCheckpointHandler(),
+                                              "meta": ocp.JsonCheckpointHandler()})
+
+
+def saved_steps(directory: str) -> list[int]:
+  """The complete checkpoints' steps in `directory` (read-only), oldest first."""
+  if not os.path.isdir(directory):
+    return []
+  manager = _reader(directory)
+  try:
+    return sorted(manager.all_steps())
+  finally:
+    manager.close()
+
+
+def read_subtree(directory: str, path: tuple[str, ...], template: Any, *,
+                 step: int) -> Any:
+  """Restores only the subtree at `path` of a saved tree (e.g. ("params",) or ("state",
+  "params")), read-only, onto `template`'s structure, dtypes and shardings.
+
+  Evaluation uses it to read a policy's params out of any run's checkpoint without rebuilding
+  that run's optimizer or extra state (a critic's Adam moments, a replay batch). If the node at
+  `path` holds a "policy" entry (a run whose params also hold a critic), that entry is read.
+  """
+  manager = _reader(directory)
+  try:
+    node = manager.item_metadata(step)["state"]
+    node = getattr(node, "tree", node)  # orbax wraps the saved structure in a metadata object
+    for i, key in enumerate(path):
+      if not isinstance(node, Mapping) or key not in node:
+        raise KeyError(f"checkpoint {directory}/{step} has no {'.'.join(path[:i + 1])}")
+      node = node[key]
+    if isinstance(node, Mapping) and "policy" in node:
+      path = path + ("policy",)
+    wanted = template
+    for key in reversed(path):
+      wanted = {key: wanted}
+    abstract = _abstract(wanted)
+    args = ocp.args.PyTreeRestore(abstract, partial_restore=True,
+                                  restore_args=ocp.checkpoint_utils.construct_restore_args(abstract))
+    tree = manager.restore(step, args=ocp.args.Composite(state=args)).state
+  finally:
+    manager.close()
+  for key in path:
+    tree = tree[key]
+  return tree

@@ -120,5 +120,42 @@ class CheckpointerTest(absltest.TestCase):
       checkpoint.Checkpointer(d, save_every=1, keep=0)
 
 
+class ReadSubtreeTest(absltest.TestCase):
+
+  def test_reads_only_params_read_only(self):
+    d = _tmpdir(self)
+    ckpt = checkpoint.Checkpointer(d, save_every=1, async_save=False)
+    saved = _tree(3)
+    ckpt.save(3, saved)
+    ckpt.close()
+    # A temporary directory of an in-progress save by a live trainer must survive the read.
+    partial = os.path.join(d, "4.orbax-checkpoint-tmp-99")
+    os.makedirs(os.path.join(partial, "state"))
+    self.assertEqual(checkpoint.saved_steps(d), [3])
+    template = _tree(0)["train"].params  # other values: proves they come from disk
+    params = checkpoint.read_subtree(d, ("train", "params"), template, step=3)
+    _assert_trees_equal(self, params, saved["train"].params)
+    self.assertIsInstance(params, nnx.State)
+    self.assertTrue(os.path.exists(partial))
+
+  def test_reads_the_policy_of_params_that_hold_a_critic(self):
+    d = _tmpdir(self)
+    ckpt = checkpoint.Checkpointer(d, save_every=1, async_save=False)
+    policy, critic = _tree(5)["train"].params, _tree(6)["train"].params
+    ckpt.save(1, {"state": {"params": {"policy": policy, "value": critic}}})
+    ckpt.close()
+    params = checkpoint.read_subtree(d, ("state", "params"), _tree(0)["train"].params, step=1)
+    _assert_trees_equal(self, params, policy)
+
+  def test_missing_path_is_named(self):
+    d = _tmpdir(self)
+    ckpt = checkpoint.Checkpointer(d, save_every=1, async_save=False)
+    ckpt.save(1, _tree(1))
+    ckpt.close()
+    with self.assertRaisesRegex(KeyError, "has no state"):
+      checkpoint.read_subtree(d, ("state", "params"), _tree(0)["train"].params, step=1)
+    self.assertEqual(checkpoint.saved_steps(os.path.join(d, "absent")), [])
+
+
 if __name__ == "__main__":
   absltest.main()

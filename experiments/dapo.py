@@ -22,11 +22,12 @@ import jax
 import jax.numpy as jnp
 import ml_collections as mlc
 from ml_collections import config_flags
-import numpy as np
 
 from agentrl import advantages
 from agentrl import configs
+from agentrl import distributed
 from agentrl import loop
+from agentrl import recipe
 from agentrl import sharding
 from agentrl import types
 from agentrl.losses import aggregation
@@ -34,11 +35,12 @@ from agentrl.losses import policy as pg
 from agentrl.models import policy as policy_lib
 from agentrl.rollout import agent_loop
 from agentrl.rollout import pack
-from experiments import grpo
+from agentrl.rollout import sampler as sampler_lib
 
 
 def get_config(arg: str | None = None) -> mlc.ConfigDict:
-  c = grpo.get_config(arg)
+  arg = configs.parse_arg(arg, preset="cpu", smoke=False)
+  c = recipe.rl_config(arg.preset, smoke=arg.smoke)
   # overlong_buffer: L_buf. The reversed-addition answer is 5 tokens of at most 6, so only a
   # response that fills the whole budget is shaped.
   c.loss = dict(eps_low=0.2, eps_high=0.28, overlong_buffer=1, overlong_penalty=1.0)
@@ -48,7 +50,8 @@ def get_config(arg: str | None = None) -> mlc.ConfigDict:
   return c
 
 
-LOSS_SCHEMA = {
+SCHEMA = {
+    **recipe.RL_SCHEMA,
     "loss.eps_low": configs.Key(float, min=0.0, max=1.0),
     "loss.eps_high": configs.Key(float, min=0.0),
     "loss.overlong_buffer": configs.Key(int, min=1),
@@ -70,7 +73,7 @@ def make_update_step(config, graphdef, tx):
     loss = aggregation.aggregate(pg_BT, batch.loss_mask_BT, "token-mean")
     return loss, metrics | {"loss": loss}
 
-  return grpo.gradient_step(loss_fn, tx)
+  return loop.gradient_step(loss_fn, tx)
 
 
 def make_advantage_fn(config):
@@ -101,7 +104,7 @@ def make_rollout_fn(config, sampler, tok, make_env, data, mesh):
       seeds = [entry["seed"] for entry in data.take(rc.prompts_per_step)]
       groups = agent_loop.rollout_groups(
           sampler, params, tok, make_env, seeds, group_size=G, rng=jax.random.fold_in(rng, attempt),
-          max_turns=1, max_new_tokens=rc.max_new_tokens, max_len=rc.max_len,
+          max_turns=config.task.max_turns, max_new_tokens=rc.max_new_tokens, max_len=rc.max_len,
           temperature=rc.temperature, chat_template=config.task.chat_template)
       sampled += groups.trajectories
       for i in range(rc.prompts_per_step):
@@ -115,27 +118,55 @@ def make_rollout_fn(config, sampler, tok, make_env, data, mesh):
     batch = pack.pack(trajs, max_len=rc.max_len, pad_id=tok.pad_id, min_len=rc.max_len,
                       sharding=sharding.batch_sharding(mesh))
     # reward/success describe the policy, so they average every sampled trajectory.
-    host = {"reward": float(np.mean([t.reward for t in sampled])),
-            "success": float(np.mean([loop.trajectory_success(t) for t in sampled])),
-            "rollout/sampled_tokens": float(sum(t.loss_mask.sum() for t in sampled)),
-            "dapo/gen_batches": float(attempt + 1),
+    host = {**loop.rollout_metrics(sampled), "dapo/gen_batches": float(attempt + 1),
             "dapo/informative_groups": float(min(len(kept), rc.prompts_per_step))}
     return loop.Rollout(batch=batch, metrics=host)
 
   return rollout_fn
 
 
-METHOD = grpo.Method("DAPO", LOSS_SCHEMA, make_update_step, make_advantage_fn,
-                     make_rollout_fn=make_rollout_fn)
-
-
+# ---------------------------------------------------------------------------------------------
+# train() and main().
+# ---------------------------------------------------------------------------------------------
 def train(config: mlc.ConfigDict, workdir: str) -> dict:
-  return grpo.run(config, workdir, METHOD)
+  """DAPO end to end; returns the summary written to <workdir>/summary.json."""
+  recipe.validate(config, SCHEMA)
+  start = recipe.write_config(config, workdir)
+  rc, mesh = config.rollout, sharding.make_mesh(config.mesh)
+  make_env = recipe.make_task(config.task)
+
+  # ---- Policy (warm-started), frozen reference, optimizer.
+  tok, graphdef, params = recipe.build_policy(config, mesh)
+  params, sft_info = recipe.warm_start(config, workdir, mesh, graphdef, params, tok)
+  ref_params = jax.tree.map(jnp.copy, params)  # the update donates params; the anchor stays
+  tx = recipe.make_optimizer(config.optim)
+  state, state_shardings = sharding.create_train_state(params, tx, mesh, config.sharding_rules)
+
+  # ---- Jitted steps.
+  score_step = jax.jit(loop.make_score_step(graphdef, temperature=rc.temperature,
+                                            logprob_impl=config.model.logprob_impl,
+                                            with_ref=True))
+  update_step = jax.jit(loop.skip_nonfinite(make_update_step(config, graphdef, tx)),
+                        donate_argnames="state", out_shardings=(state_shardings, None))
+
+  # ---- Rollout, data and held-out evaluation.
+  sampler = sampler_lib.Sampler(graphdef, pad_id=tok.pad_id)
+  data = recipe.prompt_stream(make_env)
+
+  # ---- The RL loop.
+  with jax.set_mesh(mesh):
+    result = loop.run(
+        state, rng=jax.random.key(config.seed), total_steps=config.total_steps, workdir=workdir,
+        rollout_fn=make_rollout_fn(config, sampler, tok, make_env, data, mesh),
+        score_fn=lambda params, batch: score_step(params, ref_params, batch),
+        advantage_fn=jax.jit(make_advantage_fn(config)), update_fn=update_step, data=data,
+        evaluate=recipe.evaluator(config, sampler, tok, make_env), **recipe.loop_options(config))
+  return recipe.write_summary(workdir, result, name="DAPO", start=start, sft_info=sft_info)
 
 
 def main(argv):
   del argv
-  sharding.initialize_distributed()  # no-op unless launched multi-process
+  distributed.initialize_distributed()  # no-op unless launched multi-process
   train(_CONFIG.value, _WORKDIR.value)
 
 

@@ -8,31 +8,38 @@ GRPO with its two length/difficulty biases removed (algorithms.md §4.4):
   * advantage A_i = R_i - mean_G R, without dividing by the group std;
   * loss: each sequence's token *sum* divided by a constant, the maximum generation length
     (here rollout.max_new_tokens), averaged over sequences, instead of each sequence's mean.
-No KL term (verl recipe: use_kl_loss=False). Everything else is experiments/grpo.py.
+No KL term (verl recipe: use_kl_loss=False).
 """
 from absl import app
 from absl import flags
 from flax import nnx
+import jax
+import jax.numpy as jnp
 import ml_collections as mlc
 from ml_collections import config_flags
 
 from agentrl import advantages
 from agentrl import configs
+from agentrl import distributed
+from agentrl import loop
+from agentrl import recipe
 from agentrl import sharding
 from agentrl import types
 from agentrl.losses import aggregation
 from agentrl.losses import policy as pg
 from agentrl.models import policy as policy_lib
-from experiments import grpo
+from agentrl.rollout import sampler as sampler_lib
 
 
 def get_config(arg: str | None = None) -> mlc.ConfigDict:
-  c = grpo.get_config(arg)
+  arg = configs.parse_arg(arg, preset="cpu", smoke=False)
+  c = recipe.rl_config(arg.preset, smoke=arg.smoke)
   c.loss = dict(eps_low=0.2, eps_high=0.2)
   return c
 
 
-LOSS_SCHEMA = {
+SCHEMA = {
+    **recipe.RL_SCHEMA,
     "loss.eps_low": configs.Key(float, min=0.0, max=1.0),
     "loss.eps_high": configs.Key(float, min=0.0),
 }
@@ -50,38 +57,62 @@ def make_update_step(config, graphdef, tx):
     mask_BT = batch.loss_mask_BT
     pg_BT, metrics = pg.ppo_clip(logp_BT, batch.old_logp_BT, batch.adv_BT, mask_BT,
                                  eps_low=lc.eps_low, eps_high=lc.eps_high)
-    # (1/B) sum_i sum_t L_it / L_max: a constant normalizer, so long and short answers get
-    # the same per-token weight (Dr.GRPO eq. 3).
+    # mean over sequences of sum_t L_it / L_max: a constant normalizer, so long and short
+    # answers get the same per-token weight (Dr.GRPO eq. 3; verl's loss_scale_factor).
     loss = aggregation.aggregate(pg_BT, mask_BT, "seq-mean-token-sum-norm",
-                                 norm=mask_BT.shape[0] * max_new_tokens)
+                                 seq_norm_const=max_new_tokens)
     return loss, metrics | {"loss": loss}
 
-  return grpo.gradient_step(loss_fn, tx)
+  return loop.gradient_step(loss_fn, tx)
 
 
 def make_advantage_fn(config):
   """A_i = R_i - mean_G R (no std), broadcast to the response tokens."""
-  G = config.rollout.group_size
-
-  def advantage_fn(batch: types.Batch, extras):
-    del extras
-    adv_B = advantages.grpo(batch.reward_B, group_size=G, norm_by_std=False)
-    return (batch.replace(adv_BT=advantages.broadcast_to_tokens(adv_B, batch.loss_mask_BT)),
-            {"adv_abs_mean": abs(adv_B).mean()})
-
-  return advantage_fn
+  return advantages.grpo_step(config.rollout.group_size, norm_by_std=False)
 
 
-METHOD = grpo.Method("Dr.GRPO", LOSS_SCHEMA, make_update_step, make_advantage_fn)
-
-
+# ---------------------------------------------------------------------------------------------
+# train() and main().
+# ---------------------------------------------------------------------------------------------
 def train(config: mlc.ConfigDict, workdir: str) -> dict:
-  return grpo.run(config, workdir, METHOD)
+  """Dr.GRPO end to end; returns the summary written to <workdir>/summary.json."""
+  recipe.validate(config, SCHEMA)
+  start = recipe.write_config(config, workdir)
+  rc, mesh = config.rollout, sharding.make_mesh(config.mesh)
+  make_env = recipe.make_task(config.task)
+
+  # ---- Policy (warm-started), frozen reference, optimizer.
+  tok, graphdef, params = recipe.build_policy(config, mesh)
+  params, sft_info = recipe.warm_start(config, workdir, mesh, graphdef, params, tok)
+  ref_params = jax.tree.map(jnp.copy, params)  # the update donates params; the anchor stays
+  tx = recipe.make_optimizer(config.optim)
+  state, state_shardings = sharding.create_train_state(params, tx, mesh, config.sharding_rules)
+
+  # ---- Jitted steps.
+  score_step = jax.jit(loop.make_score_step(graphdef, temperature=rc.temperature,
+                                            logprob_impl=config.model.logprob_impl,
+                                            with_ref=True))
+  update_step = jax.jit(loop.skip_nonfinite(make_update_step(config, graphdef, tx)),
+                        donate_argnames="state", out_shardings=(state_shardings, None))
+
+  # ---- Rollout, data and held-out evaluation.
+  sampler = sampler_lib.Sampler(graphdef, pad_id=tok.pad_id)
+  data = recipe.prompt_stream(make_env)
+
+  # ---- The RL loop.
+  with jax.set_mesh(mesh):
+    result = loop.run(
+        state, rng=jax.random.key(config.seed), total_steps=config.total_steps, workdir=workdir,
+        rollout_fn=recipe.group_rollout_fn(config, sampler, tok, make_env, data, mesh),
+        score_fn=lambda params, batch: score_step(params, ref_params, batch),
+        advantage_fn=jax.jit(make_advantage_fn(config)), update_fn=update_step, data=data,
+        evaluate=recipe.evaluator(config, sampler, tok, make_env), **recipe.loop_options(config))
+  return recipe.write_summary(workdir, result, name="Dr.GRPO", start=start, sft_info=sft_info)
 
 
 def main(argv):
   del argv
-  sharding.initialize_distributed()  # no-op unless launched multi-process
+  distributed.initialize_distributed()  # no-op unless launched multi-process
   train(_CONFIG.value, _WORKDIR.value)
 
 

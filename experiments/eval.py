@@ -1,14 +1,16 @@
 # pylint: disable=invalid-name
-r"""Held-out success rate and pass@k of any checkpoint of a GRPO-family run.
+r"""Held-out success rate and pass@k of any checkpoint of any RL experiment's run.
 
   python -m experiments.eval                                   # the main job's last checkpoint
   python -m experiments.eval --config.run_dir=runs/dapo --config.step=50 --workdir=runs/eval
   python -m experiments.eval --config=experiments/eval.py:smoke --config.run_dir=/tmp/grpo
 
-Reads <run_dir>/config.json (written by experiments/grpo.py's `run`), rebuilds the tokenizer
-and model, restores the params of checkpoint `step` ("latest", a step number, or
-"warm_start" for the SFT policy before RL) and evaluates on the held-out seeds
-(sft.EVAL_SEED_BASE + i, disjoint from every training seed):
+Reads <run_dir>/config.json (every RL experiment writes it with `recipe.write_config`),
+rebuilds the tokenizer and model, reads only the policy's params of checkpoint `step`
+("latest", a step number, or "warm_start" for the SFT policy before RL) read-only, so neither
+the run's optimizer nor its extra state (a critic, a replay batch) is needed and a live run is
+never disturbed, and evaluates on the held-out seeds (recipe.EVAL_SEED_BASE + i, disjoint from
+every training seed), with as many turns as the run's task allows:
 
   greedy success   one argmax decode per problem;
   pass@k           n samples per problem at `temperature`, scored with the unbiased estimator
@@ -40,16 +42,16 @@ import numpy as np
 
 from agentrl import checkpoint
 from agentrl import configs
+from agentrl import distributed
 from agentrl import loop
 from agentrl import metrics as metrics_lib
+from agentrl import recipe
 from agentrl import sharding
 from agentrl.models import hf
 from agentrl.models import tokenizer as tokenizer_lib
 from agentrl.models import transformer
 from agentrl.rollout import agent_loop
 from agentrl.rollout import sampler as sampler_lib
-from experiments import grpo
-from experiments import sft
 
 
 def get_config(arg: str | None = None) -> mlc.ConfigDict:
@@ -100,31 +102,27 @@ def validate(config) -> None:
                   "directory (config.json + safetensors) or a .gguf file")
   path = os.path.join(config.run_dir, "config.json")
   configs.require(os.path.exists(path), f"config.run_dir={config.run_dir!r} has no config.json; "
-                  "point it at the --workdir of a GRPO-family run")
+                  "point it at the --workdir of an RL experiment's run")
   configs.require(config.step in ("latest", "warm_start") or config.step.isdigit(),
                   f"config.step must be 'latest', 'warm_start' or a step number, got "
                   f"{config.step!r}")
 
 
-def load_params(run_config, run_dir: str, step: str, mesh, params):
+def load_params(run_dir: str, step: str, params):
   """The policy params of checkpoint `step` of the run in `run_dir`, and the step restored."""
   if step == "warm_start":
-    ckpt = checkpoint.Checkpointer(os.path.join(run_dir, "warm_start"), save_every=1)
-    tree, _ = ckpt.restore({"params": params})
-    ckpt.close()
-    return tree["params"], step
-  tx = grpo.make_optimizer(run_config.optim)
-  state, _ = sharding.create_train_state(params, tx, mesh, run_config.sharding_rules)
-  ckpt = checkpoint.Checkpointer(os.path.join(run_dir, "ckpt"), save_every=1)
-  steps = ckpt.all_steps()
-  wanted = ckpt.latest_step() if step == "latest" else int(step)
+    directory, path = os.path.join(run_dir, "warm_start"), ("params",)
+  else:
+    directory, path = os.path.join(run_dir, "ckpt"), ("state", "params")
+  steps = checkpoint.saved_steps(directory)
+  if not steps:
+    raise configs.ConfigError(f"config.step={step!r}: {directory} holds no checkpoint")
+  wanted = steps[-1] if step in ("latest", "warm_start") else int(step)
   if wanted not in steps:
-    ckpt.close()
-    raise configs.ConfigError(f"config.step={step!r}: no checkpoint there; {run_dir}/ckpt has "
+    raise configs.ConfigError(f"config.step={step!r}: no checkpoint there; {directory} has "
                               f"steps {steps}")
-  tree, _ = ckpt.restore({"state": state, "rng": jax.random.key(0)}, step=wanted)
-  ckpt.close()
-  return tree["state"].params, str(wanted)
+  params = checkpoint.read_subtree(directory, path, params, step=wanted)
+  return params, step if step == "warm_start" else str(wanted)
 
 
 def load_hf(path: str, run_tok, run_config, mesh):
@@ -145,8 +143,9 @@ def load_hf(path: str, run_tok, run_config, mesh):
 def evaluate(config, run_config, sampler, tok, make_env, params) -> dict[str, float]:
   """Greedy success and unbiased pass@k over the held-out problems."""
   rc = run_config.rollout
-  seeds = [sft.EVAL_SEED_BASE + i for i in range(config.num_problems)]
-  common = dict(max_turns=1, max_new_tokens=rc.max_new_tokens, max_len=rc.max_len,
+  seeds = [recipe.EVAL_SEED_BASE + i for i in range(config.num_problems)]
+  common = dict(max_turns=run_config.task.get("max_turns", 1),
+                max_new_tokens=rc.max_new_tokens, max_len=rc.max_len,
                 chat_template=run_config.task.chat_template)
   greedy, _ = agent_loop.run(sampler, params, tok, [make_env() for _ in seeds], seeds,
                              rng=jax.random.key(config.seed), greedy=True, **common)
@@ -165,15 +164,14 @@ def evaluate(config, run_config, sampler, tok, make_env, params) -> dict[str, fl
 def train(config: mlc.ConfigDict, workdir: str) -> dict:
   """Evaluates the checkpoint; `train` by name so the smoke test treats every binary alike."""
   validate(config)
-  with open(os.path.join(config.run_dir, "config.json")) as f:
-    run_config = mlc.ConfigDict(json.load(f))
+  run_config = recipe.read_config(config.run_dir)
   mesh = sharding.make_mesh(run_config.mesh)
-  tok, graphdef, params = grpo.build_policy(run_config, mesh)
+  tok, graphdef, params = recipe.build_policy(run_config, mesh)
   if config.model_path:
     tok, graphdef, params = load_hf(config.model_path, tok, run_config, mesh)
     step = f"hf:{config.model_path}"
   else:
-    params, step = load_params(run_config, config.run_dir, config.step, mesh, params)
+    params, step = load_params(config.run_dir, config.step, params)
   if config.export_hf:
     model_cfg = nnx.merge(graphdef, params).cfg
     hf.save(model_cfg, params, config.export_hf)
@@ -181,7 +179,7 @@ def train(config: mlc.ConfigDict, workdir: str) -> dict:
   sampler = sampler_lib.Sampler(graphdef, pad_id=tok.pad_id)
   result = {"run_dir": config.run_dir, "step": step, "num_problems": config.num_problems,
             "samples": config.samples,
-            **evaluate(config, run_config, sampler, tok, grpo.make_task(run_config), params)}
+            **evaluate(config, run_config, sampler, tok, recipe.make_task(run_config.task), params)}
   os.makedirs(workdir, exist_ok=True)
   with open(os.path.join(workdir, "eval.json"), "w") as f:
     json.dump(result, f, indent=2)
@@ -192,7 +190,7 @@ def train(config: mlc.ConfigDict, workdir: str) -> dict:
 
 def main(argv):
   del argv
-  sharding.initialize_distributed()  # no-op unless launched multi-process
+  distributed.initialize_distributed()  # no-op unless launched multi-process
   train(_CONFIG.value, _WORKDIR.value)
 
 

@@ -10,34 +10,40 @@ s_i = exp((1/|y_i|) sum_t log(pi/pi_old)) (the geometric mean of the token ratio
 L_i = max(-A_i s_i, -A_i clip(s_i, 1 - eps_low, 1 + eps_high)), averaged over sequences
 (algorithms.md §4.6). Windows this small only make sense for the sequence ratio. As in the
 paper, each rollout batch is split into 4 minibatches, so later updates are off-policy.
-Everything else (warm start, rollout, scoring, loop, summary) is experiments/grpo.py.
 """
 from absl import app
 from absl import flags
 from flax import nnx
+import jax
 import jax.numpy as jnp
 import ml_collections as mlc
 from ml_collections import config_flags
 
+from agentrl import advantages
 from agentrl import configs
+from agentrl import distributed
+from agentrl import loop
+from agentrl import recipe
 from agentrl import sharding
 from agentrl import types
 from agentrl.losses import aggregation
-from agentrl.losses import policy as pg
+from agentrl.losses import sequence
 from agentrl.models import policy as policy_lib
-from experiments import grpo
+from agentrl.rollout import sampler as sampler_lib
 
 
 def get_config(arg: str | None = None) -> mlc.ConfigDict:
-  c = grpo.get_config(arg)
+  arg = configs.parse_arg(arg, preset="cpu", smoke=False)
+  c = recipe.rl_config(arg.preset, smoke=arg.smoke)
   # Paper settings (GSPO v2 §5.1): tiny clip range on the sequence ratio, no KL.
   c.loss = dict(eps_low=3e-4, eps_high=4e-4)
-  if not configs.parse_arg(arg, preset="cpu", smoke=False).smoke:
+  if not arg.smoke:
     c.updates.minibatches = 4
   return c
 
 
-LOSS_SCHEMA = {
+SCHEMA = {
+    **recipe.RL_SCHEMA,
     "loss.eps_low": configs.Key(float, min=0.0, max=1.0),
     "loss.eps_high": configs.Key(float, min=0.0),
 }
@@ -52,30 +58,62 @@ def make_update_step(config, graphdef, tx):
     logp_BT = policy_lib.token_logprobs(policy, batch.tokens_BT, batch.positions_BT,
                                         batch.input_mask_BT, temperature=temperature, impl=impl)
     mask_BT = batch.loss_mask_BT
-    loss_B, metrics = pg.gspo(logp_BT, batch.old_logp_BT, batch.adv_BT, mask_BT,
-                              eps_low=lc.eps_low, eps_high=lc.eps_high)
+    loss_B, metrics = sequence.gspo(logp_BT, batch.old_logp_BT, batch.adv_BT, mask_BT,
+                                    eps_low=lc.eps_low, eps_high=lc.eps_high)
     valid_B = (mask_BT.sum(-1) > 0).astype(jnp.float32)
     loss = aggregation.aggregate(loss_B, valid_B, "seq-mean")
     return loss, metrics | {"loss": loss}
 
-  return grpo.gradient_step(loss_fn, tx)
+  return loop.gradient_step(loss_fn, tx)
 
 
 def make_advantage_fn(config):
   """GRPO advantages (group mean/std), one per sequence."""
-  return grpo.group_advantage_fn(config.rollout.group_size)
+  return advantages.grpo_step(config.rollout.group_size)
 
 
-METHOD = grpo.Method("GSPO", LOSS_SCHEMA, make_update_step, make_advantage_fn)
-
-
+# ---------------------------------------------------------------------------------------------
+# train() and main().
+# ---------------------------------------------------------------------------------------------
 def train(config: mlc.ConfigDict, workdir: str) -> dict:
-  return grpo.run(config, workdir, METHOD)
+  """GSPO end to end; returns the summary written to <workdir>/summary.json."""
+  recipe.validate(config, SCHEMA)
+  start = recipe.write_config(config, workdir)
+  rc, mesh = config.rollout, sharding.make_mesh(config.mesh)
+  make_env = recipe.make_task(config.task)
+
+  # ---- Policy (warm-started), frozen reference, optimizer.
+  tok, graphdef, params = recipe.build_policy(config, mesh)
+  params, sft_info = recipe.warm_start(config, workdir, mesh, graphdef, params, tok)
+  ref_params = jax.tree.map(jnp.copy, params)  # the update donates params; the anchor stays
+  tx = recipe.make_optimizer(config.optim)
+  state, state_shardings = sharding.create_train_state(params, tx, mesh, config.sharding_rules)
+
+  # ---- Jitted steps.
+  score_step = jax.jit(loop.make_score_step(graphdef, temperature=rc.temperature,
+                                            logprob_impl=config.model.logprob_impl,
+                                            with_ref=True))
+  update_step = jax.jit(loop.skip_nonfinite(make_update_step(config, graphdef, tx)),
+                        donate_argnames="state", out_shardings=(state_shardings, None))
+
+  # ---- Rollout, data and held-out evaluation.
+  sampler = sampler_lib.Sampler(graphdef, pad_id=tok.pad_id)
+  data = recipe.prompt_stream(make_env)
+
+  # ---- The RL loop.
+  with jax.set_mesh(mesh):
+    result = loop.run(
+        state, rng=jax.random.key(config.seed), total_steps=config.total_steps, workdir=workdir,
+        rollout_fn=recipe.group_rollout_fn(config, sampler, tok, make_env, data, mesh),
+        score_fn=lambda params, batch: score_step(params, ref_params, batch),
+        advantage_fn=jax.jit(make_advantage_fn(config)), update_fn=update_step, data=data,
+        evaluate=recipe.evaluator(config, sampler, tok, make_env), **recipe.loop_options(config))
+  return recipe.write_summary(workdir, result, name="GSPO", start=start, sft_info=sft_info)
 
 
 def main(argv):
   del argv
-  sharding.initialize_distributed()  # no-op unless launched multi-process
+  distributed.initialize_distributed()  # no-op unless launched multi-process
   train(_CONFIG.value, _WORKDIR.value)
 
 

@@ -9,7 +9,6 @@ The sequence ratio is the Hölder power mean of the token ratios with exponent p
 sequence level: L_i = max(-A_i rho_i, -A_i clip(rho_i, 1 - eps, 1 + eps)), averaged over
 sequences (algorithms.md §2.2). p follows a schedule over RL steps (§2.4; the maths run:
 linear_dec from 2 to -2 over 500 steps); p ticks once per rollout batch, as in the reference.
-Everything else (warm start, rollout, scoring, loop, summary) is experiments/grpo.py.
 """
 from absl import app
 from absl import flags
@@ -18,33 +17,44 @@ import jax
 import jax.numpy as jnp
 import ml_collections as mlc
 from ml_collections import config_flags
-import optax
 
+from agentrl import advantages
 from agentrl import configs
+from agentrl import distributed
+from agentrl import loop
+from agentrl import recipe
 from agentrl import sharding
 from agentrl import types
 from agentrl.losses import aggregation
-from agentrl.losses import policy as pg
 from agentrl.losses import schedules
+from agentrl.losses import sequence
 from agentrl.models import policy as policy_lib
-from experiments import grpo
+from agentrl.rollout import sampler as sampler_lib
 
 
 def get_config(arg: str | None = None) -> mlc.ConfigDict:
-  c = grpo.get_config(arg)
+  arg = configs.parse_arg(arg, preset="cpu", smoke=False)
+  c = recipe.rl_config(arg.preset, smoke=arg.smoke)
+  # p_steps: the schedule's length in RL steps; 0 means the run's total_steps, read when the
+  # update step is built, so --config.total_steps=N stretches the schedule with the run.
+  # clip_mode: "sequence" (the paper's sequence-level clip), "token" (per-token PPO clip of
+  # the power mean's terms) or "sequence_w_clip" (token log-ratios clamped to +-log(1 + eps),
+  # then the sequence clip: the authors' maths learner variant).
   c.loss = dict(eps_low=0.2, eps_high=0.2, p_schedule="linear_dec", p_const=1.0, p_min=-2.0,
-                p_max=2.0, p_steps=c.total_steps)
+                p_max=2.0, p_steps=0, clip_mode="sequence")
   return c
 
 
-LOSS_SCHEMA = {
+SCHEMA = {
+    **recipe.RL_SCHEMA,
     "loss.eps_low": configs.Key(float, min=0.0, max=1.0),
     "loss.eps_high": configs.Key(float, min=0.0),
     "loss.p_schedule": configs.Key(str, choices=schedules.SCHEDULES),
     "loss.p_const": configs.Key(float),
     "loss.p_min": configs.Key(float),
     "loss.p_max": configs.Key(float),
-    "loss.p_steps": configs.Key(int, min=1),
+    "loss.p_steps": configs.Key(int, min=0),
+    "loss.clip_mode": configs.Key(str, choices=sequence.HOLDER_CLIP_MODES),
 }
 
 
@@ -52,6 +62,7 @@ def make_update_step(config, graphdef, tx):
   """Returns update_step(state, batch) -> (state, metrics). Pure; jit it in train()."""
   lc, impl, temperature = config.loss, config.model.logprob_impl, config.rollout.temperature
   updates_per_rl_step = config.updates.epochs * config.updates.minibatches
+  p_steps = lc.p_steps or config.total_steps
 
   def loss_fn(params, batch: types.Batch, step):
     policy = nnx.merge(graphdef, params)
@@ -60,40 +71,65 @@ def make_update_step(config, graphdef, tx):
     mask_BT = batch.loss_mask_BT
     p = schedules.holder_p(step // updates_per_rl_step, schedule=lc.p_schedule,
                            p_const=lc.p_const, p_min=lc.p_min, p_max=lc.p_max,
-                           schedule_steps=lc.p_steps)
-    loss_B, metrics = pg.holder_po(logp_BT, batch.old_logp_BT, batch.adv_BT, mask_BT, p=p,
-                                   eps_low=lc.eps_low, eps_high=lc.eps_high)
+                           schedule_steps=p_steps)
+    loss_B, metrics = sequence.holder_po(logp_BT, batch.old_logp_BT, batch.adv_BT, mask_BT,
+                                         p=p, eps_low=lc.eps_low, eps_high=lc.eps_high,
+                                         clip_mode=lc.clip_mode)
     valid_B = (mask_BT.sum(-1) > 0).astype(jnp.float32)
     loss = aggregation.aggregate(loss_B, valid_B, "seq-mean")
     metrics["holder_p"] = p
     return loss, metrics | {"loss": loss}
 
-  def update_step(state: types.TrainState, batch: types.Batch):
-    (_, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params, batch,
-                                                                    state.step)
-    updates, opt_state = tx.update(grads, state.opt_state, state.params)
-    params = optax.apply_updates(state.params, updates)
-    metrics |= {"grad_norm": optax.tree.norm(grads)}
-    return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics
-
-  return update_step
+  return loop.gradient_step(loss_fn, tx, with_step=True)
 
 
 def make_advantage_fn(config):
   """GRPO advantages (group mean/std), one per sequence."""
-  return grpo.group_advantage_fn(config.rollout.group_size)
+  return advantages.grpo_step(config.rollout.group_size)
 
 
-METHOD = grpo.Method("HölderPO", LOSS_SCHEMA, make_update_step, make_advantage_fn)
-
-
+# ---------------------------------------------------------------------------------------------
+# train() and main().
+# ---------------------------------------------------------------------------------------------
 def train(config: mlc.ConfigDict, workdir: str) -> dict:
-  return grpo.run(config, workdir, METHOD)
+  """HölderPO end to end; returns the summary written to <workdir>/summary.json."""
+  recipe.validate(config, SCHEMA)
+  start = recipe.write_config(config, workdir)
+  rc, mesh = config.rollout, sharding.make_mesh(config.mesh)
+  make_env = recipe.make_task(config.task)
+
+  # ---- Policy (warm-started), frozen reference, optimizer.
+  tok, graphdef, params = recipe.build_policy(config, mesh)
+  params, sft_info = recipe.warm_start(config, workdir, mesh, graphdef, params, tok)
+  ref_params = jax.tree.map(jnp.copy, params)  # the update donates params; the anchor stays
+  tx = recipe.make_optimizer(config.optim)
+  state, state_shardings = sharding.create_train_state(params, tx, mesh, config.sharding_rules)
+
+  # ---- Jitted steps.
+  score_step = jax.jit(loop.make_score_step(graphdef, temperature=rc.temperature,
+                                            logprob_impl=config.model.logprob_impl,
+                                            with_ref=True))
+  update_step = jax.jit(loop.skip_nonfinite(make_update_step(config, graphdef, tx)),
+                        donate_argnames="state", out_shardings=(state_shardings, None))
+
+  # ---- Rollout, data and held-out evaluation.
+  sampler = sampler_lib.Sampler(graphdef, pad_id=tok.pad_id)
+  data = recipe.prompt_stream(make_env)
+
+  # ---- The RL loop.
+  with jax.set_mesh(mesh):
+    result = loop.run(
+        state, rng=jax.random.key(config.seed), total_steps=config.total_steps, workdir=workdir,
+        rollout_fn=recipe.group_rollout_fn(config, sampler, tok, make_env, data, mesh),
+        score_fn=lambda params, batch: score_step(params, ref_params, batch),
+        advantage_fn=jax.jit(make_advantage_fn(config)), update_fn=update_step, data=data,
+        evaluate=recipe.evaluator(config, sampler, tok, make_env), **recipe.loop_options(config))
+  return recipe.write_summary(workdir, result, name="HölderPO", start=start, sft_info=sft_info)
 
 
 def main(argv):
   del argv
-  sharding.initialize_distributed()  # no-op unless launched multi-process
+  distributed.initialize_distributed()  # no-op unless launched multi-process
   train(_CONFIG.value, _WORKDIR.value)
 
 

@@ -1,8 +1,9 @@
 # pylint: disable=invalid-name
 r"""PPO with a learned critic and GAE (Schulman et al. 2017; Ouyang et al. 2022 for LLMs).
 
-  python -m experiments.ppo
+  python -m experiments.ppo                                    # default CPU run
   python -m experiments.ppo --config=experiments/ppo.py:smoke --workdir=/tmp/ppo
+  python -m experiments.ppo --config=experiments/ppo.py:smollm2 --workdir=runs/ppo_smollm2
 
 algorithms.md §4.1-§4.2, as verl:
   * token rewards R_t = score * 1[t = last policy token] - beta * kl_k1(pi_old || pi_ref)_t;
@@ -11,12 +12,17 @@ algorithms.md §4.1-§4.2, as verl:
     updates never move the policy; the head starts at 0;
   * GAE over policy tokens (gamma, lambda), returns = A + V, advantages whitened over the batch;
   * loss = PPO clipped surrogate (token-mean) + vf_coef * clipped value loss (token-mean),
-    with separate Adam learning rates for policy and critic.
-The warm start, rollout, evaluation and summary are experiments/grpo.py's; the train() here
-differs where the critic enters: params are {"policy", "value"}, scoring adds values.
-"""
-import time
+    with separate Adam learning rates (and global-norm clipping) for policy and critic.
 
+Presets are agentrl.recipe.rl_config's (cpu by default, smollm2, pod; add smoke for a CI-sized
+run). No group baseline is used, so rollout.group_size may be 1.
+
+This file is the fork unit: the config, the loss composition, the advantage step and the
+loop are all here; the building blocks come from agentrl.recipe and agentrl.loop. It differs
+from experiments/grpo.py where the critic enters: the params are {"policy", "value"} (the
+checkpoint's params["policy"] is what experiments/eval.py reads), scoring adds values, the
+optimizer has one group per part, and rollout and evaluation read params["policy"].
+"""
 from absl import app
 from absl import flags
 from flax import nnx
@@ -28,11 +34,11 @@ import optax
 
 from agentrl import advantages
 from agentrl import configs
+from agentrl import distributed
 from agentrl import loop
+from agentrl import recipe
 from agentrl import sharding
 from agentrl import types
-from agentrl.data import generators
-from agentrl.data import stream
 from agentrl.losses import aggregation
 from agentrl.losses import kl
 from agentrl.losses import policy as pg
@@ -40,17 +46,22 @@ from agentrl.losses import value as value_lib
 from agentrl.models import heads
 from agentrl.models import policy as policy_lib
 from agentrl.rollout import sampler as sampler_lib
-from experiments import grpo
 
 
 def get_config(arg: str | None = None) -> mlc.ConfigDict:
-  c = grpo.get_config(arg)
+  arg = configs.parse_arg(arg, preset="cpu", smoke=False)
+  c = recipe.rl_config(arg.preset, smoke=arg.smoke)
+  # kl_coef is beta of the k1 KL penalty folded into the token rewards; value_clip bounds the
+  # value prediction's move from its rollout-time value; value_lr is the critic's Adam lr.
   c.loss = dict(eps_low=0.2, eps_high=0.2, kl_coef=0.001, gamma=1.0, lam=0.95, vf_coef=0.5,
                 value_clip=0.5, value_lr=1e-3)
   return c
 
 
-LOSS_SCHEMA = {
+SCHEMA = {
+    **recipe.RL_SCHEMA,
+    # The critic is the baseline: no group is needed, so one sample per prompt is allowed.
+    "rollout.group_size": configs.Key(int, min=1),
     "loss.eps_low": configs.Key(float, min=0.0, max=1.0),
     "loss.eps_high": configs.Key(float, min=0.0),
     "loss.kl_coef": configs.Key(float, min=0.0),
@@ -59,10 +70,12 @@ LOSS_SCHEMA = {
     "loss.vf_coef": configs.Key(float, min=0.0),
     "loss.value_clip": configs.Key(float, min=0.0),
     "loss.value_lr": configs.Key(float, min=0.0),
-    "rollout.group_size": configs.Key(int, min=1),
 }
 
 
+# ---------------------------------------------------------------------------------------------
+# The critic, the loss composition and the advantage step: the part to fork.
+# ---------------------------------------------------------------------------------------------
 def _values(policy, head, batch: types.Batch) -> jax.Array:
   """V_t from the hidden state at t - 1 (the one that predicts token t); column 0 is 0."""
   h_BTD = jax.lax.stop_gradient(policy.hidden(batch.tokens_BT, batch.positions_BT,
@@ -71,7 +84,11 @@ def _values(policy, head, batch: types.Batch) -> jax.Array:
 
 
 def make_update_step(config, graphdef, tx):
-  """Returns update_step(state, batch) -> (state, metrics); graphdef = (policy, value head)."""
+  """Returns update_step(state, batch) -> (state, metrics); graphdef = (policy, value head).
+
+  Pure; jit it in train(). `grad_norm` is the policy's gradient norm, `value_grad_norm` the
+  critic's (each part is clipped by its own norm in `make_optimizer`).
+  """
   lc, impl, temperature = config.loss, config.model.logprob_impl, config.rollout.temperature
   policy_def, head_def = graphdef
 
@@ -92,11 +109,9 @@ def make_update_step(config, graphdef, tx):
 
   def update_step(state: types.TrainState, batch: types.Batch):
     (_, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params, batch)
-    updates, opt_state = tx.update(grads, state.opt_state, state.params)
-    params = optax.apply_updates(state.params, updates)
-    metrics |= {"grad_norm": optax.tree.norm(grads["policy"]),
-                "value_grad_norm": optax.tree.norm(grads["value"])}
-    return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics
+    state, _ = loop.apply_gradients(state, grads, tx)  # its grad_norm mixes both parts
+    return state, metrics | {"grad_norm": optax.tree.norm(grads["policy"]),
+                             "value_grad_norm": optax.tree.norm(grads["value"])}
 
   return update_step
 
@@ -122,33 +137,38 @@ def make_advantage_fn(config):
 
 
 def make_optimizer(config) -> optax.GradientTransformation:
-  """Adam per parameter group: the policy at optim.lr, the critic at loss.value_lr."""
-  oc = config.optim
-  group = lambda lr: optax.chain(optax.clip_by_global_norm(oc.clip_norm),
-                                 optax.adam(lr, b2=oc.b2))
-  labels = lambda params: {k: jax.tree.map(lambda _, k=k: k, v) for k, v in params.items()}
-  return optax.multi_transform({"policy": group(oc.lr), "value": group(config.loss.value_lr)},
-                               labels)
+  """Adam per parameter group: the policy at optim.lr, the critic at loss.value_lr.
+
+  Each group is `recipe.make_optimizer` (its own global-norm clipping, the same warmup).
+  """
+  return optax.multi_transform(
+      {"policy": recipe.make_optimizer(config.optim),
+       "value": recipe.make_optimizer(config.optim, lr=config.loss.value_lr)},
+      {"policy": "policy", "value": "value"})  # a prefix of the params {"policy", "value"}
 
 
+# ---------------------------------------------------------------------------------------------
+# train() and main().
+# ---------------------------------------------------------------------------------------------
 def train(config: mlc.ConfigDict, workdir: str) -> dict:
   """PPO end to end; returns the summary written to <workdir>/summary.json."""
-  grpo.validate(config, LOSS_SCHEMA)
-  start, rc, rules = time.perf_counter(), config.rollout, config.sharding_rules
-  mesh = sharding.make_mesh(config.mesh)
+  recipe.validate(config, SCHEMA)
+  start = recipe.write_config(config, workdir)
+  rc, rules, mesh = config.rollout, config.sharding_rules, sharding.make_mesh(config.mesh)
+  make_env = recipe.make_task(config.task)
 
-  # ---- Policy (warm-started), critic head, optimizer.
-  tok, policy_def, policy_params = grpo.build_policy(config, mesh)
-  policy_params, sft_info = grpo.warm_start_params(config, workdir, mesh, policy_def,
-                                                   policy_params, tok)
-  ref_params = jax.tree.map(jnp.copy, policy_params)
+  # ---- Policy (warm-started), frozen reference, critic head, optimizer.
+  tok, policy_def, policy_params = recipe.build_policy(config, mesh)
+  policy_params, sft_info = recipe.warm_start(config, workdir, mesh, policy_def, policy_params,
+                                              tok)
+  ref_params = jax.tree.map(jnp.copy, policy_params)  # the update donates params
   width = nnx.merge(policy_def, policy_params).cfg.width
   head_def, head_params = sharding.create_sharded(lambda: heads.ValueHead(width), mesh, rules)
   tx = make_optimizer(config)
   state, state_shardings = sharding.create_train_state(
       {"policy": policy_params, "value": head_params}, tx, mesh, rules)
 
-  # ---- Jitted steps.
+  # ---- Jitted steps: scoring adds the critic's values to the policy's log-probs.
   policy_score = loop.make_score_step(policy_def, temperature=rc.temperature,
                                       logprob_impl=config.model.logprob_impl, with_ref=True)
 
@@ -161,34 +181,26 @@ def train(config: mlc.ConfigDict, workdir: str) -> dict:
   update_step = jax.jit(loop.skip_nonfinite(make_update_step(config, (policy_def, head_def), tx)),
                         donate_argnames="state", out_shardings=(state_shardings, None))
 
-  # ---- Rollout and evaluation read the policy half of the params.
+  # ---- Rollout, data and held-out evaluation: they read the policy half of the params.
   sampler = sampler_lib.Sampler(policy_def, pad_id=tok.pad_id)
-  make_env = grpo.make_task(config)
-  data = stream.PromptStream(generators.GeneratorSource(generators.env_prompts(make_env())),
-                             shuffle=False)
-  rollout = grpo.default_rollout_fn(config, sampler, tok, make_env, data, mesh)
+  data = recipe.prompt_stream(make_env)
+  rollout = recipe.group_rollout_fn(config, sampler, tok, make_env, data, mesh)
+  evaluate = recipe.evaluator(config, sampler, tok, make_env)
 
-  def evaluate(params):
-    return {"success": grpo.held_out_success(
-        sampler, tok, make_env, params["policy"], num=config.eval.num_problems,
-        max_new_tokens=rc.max_new_tokens, max_len=rc.max_len,
-        chat_template=config.task.chat_template)}
-
+  # ---- The RL loop.
   with jax.set_mesh(mesh):
     result = loop.run(
-        state, rng=jax.random.key(config.seed), total_steps=config.total_steps,
-        workdir=workdir, rollout_fn=lambda params, rng, step: rollout(params["policy"], rng, step),
+        state, rng=jax.random.key(config.seed), total_steps=config.total_steps, workdir=workdir,
+        rollout_fn=lambda params, rng, step: rollout(params["policy"], rng, step),
         score_fn=lambda params, batch: score_step(params, ref_params, batch),
-        advantage_fn=jax.jit(make_advantage_fn(config)), update_fn=update_step,
-        epochs=config.updates.epochs, num_minibatches=config.updates.minibatches, data=data,
-        evaluate=evaluate, eval_every=config.eval.every, save_every=config.log.save_every,
-        keep=config.log.keep, tensorboard=config.log.tensorboard)
-  return grpo.write_summary(workdir, result, sft_info, time.perf_counter() - start, "PPO")
+        advantage_fn=jax.jit(make_advantage_fn(config)), update_fn=update_step, data=data,
+        evaluate=lambda params: evaluate(params["policy"]), **recipe.loop_options(config))
+  return recipe.write_summary(workdir, result, name="PPO", start=start, sft_info=sft_info)
 
 
 def main(argv):
   del argv
-  sharding.initialize_distributed()  # no-op unless launched multi-process
+  distributed.initialize_distributed()  # no-op unless launched multi-process
   train(_CONFIG.value, _WORKDIR.value)
 
 

@@ -1,22 +1,28 @@
 # pylint: disable=invalid-name
 r"""R2VPO, Ratio-Variance Regularized Policy Optimization (Luo et al. 2026, arXiv 2601.03320).
 
-  python -m experiments.r2vpo
+  python -m experiments.r2vpo                                  # default CPU run
   python -m experiments.r2vpo --config=experiments/r2vpo.py:smoke --workdir=/tmp/r2vpo
+  python -m experiments.r2vpo --config=experiments/r2vpo.py:smollm2 --workdir=runs/r2vpo_smollm2
 
 No official code or paper body was available; this is the reconstruction of algorithms.md
 §3.2 ([INF], provisional). Instead of clipping, the ratio's second central moment is
 constrained, max E_mu[r A] s.t. E_mu[(r - 1)^2] <= delta, by primal-dual steps:
   primal  L = mean(-A r + sg(lambda) (r - 1)^2)          (agentrl.losses.policy.r2vpo)
   dual    lambda <- max(0, lambda + eta (V_hat - delta))  (policy.r2vpo_dual_update)
-Off-policy reuse: each update also trains on the previous step's batch, whose behaviour
-log-probs are those of the policy that sampled it, so its ratio is r = pi_theta / mu_old and
-the variance penalty re-weights it instead of discarding it; its rows are further weighted by
-stale_decay ** 1 (one policy version old). lambda and the replay batch live in the train state,
-so checkpoints hold them and a resumed run continues exactly.
-"""
-import time
+Advantages are GRPO's (group mean/std, agentrl.advantages.grpo_step). Off-policy reuse: each
+update also trains on the previous step's batch, whose behaviour log-probs are those of the
+policy that sampled it, so its ratio is r = pi_theta / mu_old and the variance penalty
+re-weights it instead of discarding it; its rows are further weighted by stale_decay ** 1 (one
+policy version old). delta, eta (lam_lr), the initial lambda and stale_decay are [INF] choices.
+lambda and the replay batch live in the train state, so checkpoints hold them and a resumed
+run continues exactly. One update per RL step (updates.epochs = updates.minibatches = 1): the
+replay is the whole previous rollout batch.
 
+Presets are agentrl.recipe.rl_config's (cpu by default, smollm2, pod; add smoke for a CI-sized
+run). This file is the fork unit: the config, the loss composition, the advantage step and the
+loop are all here; the building blocks come from agentrl.recipe and agentrl.loop.
+"""
 from absl import app
 from absl import flags
 import flax
@@ -25,23 +31,22 @@ import jax
 import jax.numpy as jnp
 import ml_collections as mlc
 from ml_collections import config_flags
-import optax
 
 from agentrl import advantages
 from agentrl import configs
+from agentrl import distributed
 from agentrl import loop
+from agentrl import recipe
 from agentrl import sharding
 from agentrl import types
-from agentrl.data import generators
-from agentrl.data import stream
 from agentrl.losses import aggregation
 from agentrl.losses import policy as pg
 from agentrl.models import policy as policy_lib
 from agentrl.rollout import sampler as sampler_lib
-from experiments import grpo
 
-_REPLAY_FIELDS = ("tokens_BT", "positions_BT", "input_mask_BT", "loss_mask_BT", "adv_BT",
-                  "old_logp_BT")
+# The Batch fields the replay keeps (and their dtypes): what the loss reads.
+_REPLAY_FIELDS = {"tokens_BT": jnp.int32, "positions_BT": jnp.int32, "input_mask_BT": jnp.bool_,
+                  "loss_mask_BT": jnp.float32, "adv_BT": jnp.float32, "old_logp_BT": jnp.float32}
 
 
 @flax.struct.dataclass
@@ -52,27 +57,38 @@ class State(types.TrainState):
 
 
 def get_config(arg: str | None = None) -> mlc.ConfigDict:
-  c = grpo.get_config(arg)
-  # delta, eta and the initial lambda are not known from the paper ([INF] choices).
+  arg = configs.parse_arg(arg, preset="cpu", smoke=False)
+  c = recipe.rl_config(arg.preset, smoke=arg.smoke)
+  # delta, lam_lr (eta), lam_init and stale_decay are not known from the paper ([INF]).
   c.loss = dict(delta=0.05, lam_init=0.1, lam_lr=1.0, stale_decay=0.5, level="token")
-  c.updates.minibatches = 1
+  c.updates.minibatches = 1  # the replay is one whole rollout batch (SCHEMA)
   return c
 
 
-LOSS_SCHEMA = {
+SCHEMA = {
+    **recipe.RL_SCHEMA,
+    # update_step stores the batch it trains on as the next update's replay, sized to one
+    # whole rollout batch in init_state; a minibatch or a second epoch would break both.
+    "updates.minibatches": configs.Key(
+        int, min=1, max=1, why="for R2VPO (the replay pairs with the whole rollout batch)"),
+    "updates.epochs": configs.Key(
+        int, min=1, max=1, why="for R2VPO (each update stores its batch as the next replay)"),
     "loss.delta": configs.Key(float, min=0.0),
     "loss.lam_init": configs.Key(float, min=0.0),
     "loss.lam_lr": configs.Key(float, min=0.0),
     "loss.stale_decay": configs.Key(float, min=0.0, max=1.0),
     "loss.level": configs.Key(str, choices=("token", "sequence")),
-    "updates.minibatches": configs.Key(int, min=1, max=1,
-                                       why="for R2VPO (the replay pairs with the whole batch)"),
-    "updates.epochs": configs.Key(int, min=1, max=1, why="for R2VPO"),
 }
 
 
+# ---------------------------------------------------------------------------------------------
+# The loss composition, the dual step and the advantage step: the part to fork.
+# ---------------------------------------------------------------------------------------------
 def make_update_step(config, graphdef, tx):
-  """update_step(state, batch): primal step on batch + replay, then the dual step on lambda."""
+  """update_step(state, batch): primal step on batch + replay, then the dual step on lambda.
+
+  Pure; jit it in train().
+  """
   lc, impl, temperature = config.loss, config.model.logprob_impl, config.rollout.temperature
 
   def loss_fn(params, batch: types.Batch, staleness_B, lam):
@@ -95,40 +111,28 @@ def make_update_step(config, graphdef, tx):
     staleness_B = jnp.concatenate([jnp.zeros(B), jnp.ones(B)])
     (_, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params, both,
                                                                     staleness_B, state.lam)
-    updates, opt_state = tx.update(grads, state.opt_state, state.params)
-    params = optax.apply_updates(state.params, updates)
+    new_state, grad_metrics = loop.apply_gradients(state, grads, tx)
     lam = pg.r2vpo_dual_update(state.lam, metrics["ratio_var"], delta=lc.delta, lr=lc.lam_lr)
-    metrics |= {"grad_norm": optax.tree.norm(grads), "replay_used": state.has_replay * 1.0}
-    return state.replace(step=state.step + 1, params=params, opt_state=opt_state, lam=lam,
-                         replay=current, has_replay=jnp.ones((), bool)), metrics
+    metrics |= grad_metrics | {"replay_used": state.has_replay.astype(jnp.float32)}
+    return new_state.replace(lam=lam, replay=current, has_replay=jnp.ones((), bool)), metrics
 
   return update_step
 
 
 def make_advantage_fn(config):
-  """GRPO advantages (group mean/std), broadcast to response tokens."""
-  G = config.rollout.group_size
-
-  def advantage_fn(batch: types.Batch, extras):
-    del extras
-    adv_B = advantages.grpo(batch.reward_B, group_size=G)
-    return (batch.replace(adv_BT=advantages.broadcast_to_tokens(adv_B, batch.loss_mask_BT)),
-            {"adv_abs_mean": jnp.abs(adv_B).mean()})
-
-  return advantage_fn
+  """(batch, extras) -> (batch with adv_BT, metrics): GRPO's group-normalized outcome."""
+  return advantages.grpo_step(config.rollout.group_size)
 
 
 def init_state(config, params, tx, mesh) -> tuple[State, State]:
   """(State, its shardings): the TrainState plus lambda and an empty replay batch."""
   base, base_shardings = sharding.create_train_state(params, tx, mesh, config.sharding_rules)
   B = config.rollout.prompts_per_step * config.rollout.group_size
-  T = config.rollout.max_len  # rollouts are packed to exactly max_len (grpo rollout_fn)
-  shapes = {"tokens_BT": jnp.int32, "positions_BT": jnp.int32, "input_mask_BT": jnp.bool_,
-            "loss_mask_BT": jnp.float32, "adv_BT": jnp.float32, "old_logp_BT": jnp.float32}
-  rows, replicated = sharding.batch_sharding(mesh), jax.sharding.NamedSharding(
-      mesh, jax.sharding.PartitionSpec())
+  T = config.rollout.max_len  # recipe.group_rollout_fn packs rollouts to exactly max_len
+  rows = sharding.batch_sharding(mesh)
+  replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
   replay = types.Batch(**{k: jax.device_put(jnp.zeros((B, T), dtype), rows)
-                          for k, dtype in shapes.items()})
+                          for k, dtype in _REPLAY_FIELDS.items()})
   state = State(step=base.step, params=base.params, opt_state=base.opt_state,
                 lam=jax.device_put(jnp.float32(config.loss.lam_init), replicated),
                 replay=replay, has_replay=jax.device_put(jnp.zeros((), bool), replicated))
@@ -138,49 +142,48 @@ def init_state(config, params, tx, mesh) -> tuple[State, State]:
   return state, shardings
 
 
+# ---------------------------------------------------------------------------------------------
+# train() and main().
+# ---------------------------------------------------------------------------------------------
 def train(config: mlc.ConfigDict, workdir: str) -> dict:
   """R2VPO end to end; returns the summary written to <workdir>/summary.json."""
-  grpo.validate(config, LOSS_SCHEMA)
-  start, rc = time.perf_counter(), config.rollout
-  mesh = sharding.make_mesh(config.mesh)
-  tok, graphdef, params = grpo.build_policy(config, mesh)
-  params, sft_info = grpo.warm_start_params(config, workdir, mesh, graphdef, params, tok)
-  ref_params = jax.tree.map(jnp.copy, params)
-  tx = grpo.make_optimizer(config.optim)
+  recipe.validate(config, SCHEMA)
+  start = recipe.write_config(config, workdir)
+  rc, mesh = config.rollout, sharding.make_mesh(config.mesh)
+  make_env = recipe.make_task(config.task)
+
+  # ---- Policy (warm-started), frozen reference, optimizer; lambda and replay in the state.
+  tok, graphdef, params = recipe.build_policy(config, mesh)
+  params, sft_info = recipe.warm_start(config, workdir, mesh, graphdef, params, tok)
+  ref_params = jax.tree.map(jnp.copy, params)  # the update donates params; the anchor stays
+  tx = recipe.make_optimizer(config.optim)
   state, state_shardings = init_state(config, params, tx, mesh)
 
+  # ---- Jitted steps.
   score_step = jax.jit(loop.make_score_step(graphdef, temperature=rc.temperature,
                                             logprob_impl=config.model.logprob_impl,
                                             with_ref=True))
   update_step = jax.jit(loop.skip_nonfinite(make_update_step(config, graphdef, tx)),
                         donate_argnames="state", out_shardings=(state_shardings, None))
+
+  # ---- Rollout, data and held-out evaluation.
   sampler = sampler_lib.Sampler(graphdef, pad_id=tok.pad_id)
-  make_env = grpo.make_task(config)
-  data = stream.PromptStream(generators.GeneratorSource(generators.env_prompts(make_env())),
-                             shuffle=False)
+  data = recipe.prompt_stream(make_env)
 
-  def evaluate(params):
-    return {"success": grpo.held_out_success(
-        sampler, tok, make_env, params, num=config.eval.num_problems,
-        max_new_tokens=rc.max_new_tokens, max_len=rc.max_len,
-        chat_template=config.task.chat_template)}
-
+  # ---- The RL loop.
   with jax.set_mesh(mesh):
     result = loop.run(
-        state, rng=jax.random.key(config.seed), total_steps=config.total_steps,
-        workdir=workdir,
-        rollout_fn=grpo.default_rollout_fn(config, sampler, tok, make_env, data, mesh),
+        state, rng=jax.random.key(config.seed), total_steps=config.total_steps, workdir=workdir,
+        rollout_fn=recipe.group_rollout_fn(config, sampler, tok, make_env, data, mesh),
         score_fn=lambda params, batch: score_step(params, ref_params, batch),
-        advantage_fn=jax.jit(make_advantage_fn(config)), update_fn=update_step,
-        data=data, evaluate=evaluate, eval_every=config.eval.every,
-        save_every=config.log.save_every, keep=config.log.keep,
-        tensorboard=config.log.tensorboard)
-  return grpo.write_summary(workdir, result, sft_info, time.perf_counter() - start, "R2VPO")
+        advantage_fn=jax.jit(make_advantage_fn(config)), update_fn=update_step, data=data,
+        evaluate=recipe.evaluator(config, sampler, tok, make_env), **recipe.loop_options(config))
+  return recipe.write_summary(workdir, result, name="R2VPO", start=start, sft_info=sft_info)
 
 
 def main(argv):
   del argv
-  sharding.initialize_distributed()  # no-op unless launched multi-process
+  distributed.initialize_distributed()  # no-op unless launched multi-process
   train(_CONFIG.value, _WORKDIR.value)
 
 

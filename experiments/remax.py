@@ -8,34 +8,37 @@ For each prompt one extra response is decoded greedily (argmax) in the same samp
 its reward b_i is the baseline of every sampled response to that prompt: A = R - b_i, no
 critic, no std normalization (algorithms.md §4.11). The policy loss is verl's: the PPO
 clipped surrogate, token-mean.
-Everything else (warm start, rollout, scoring, loop, summary) is experiments/grpo.py.
 """
-import functools
-
 from absl import app
 from absl import flags
 from flax import nnx
+import jax
 import jax.numpy as jnp
 import ml_collections as mlc
 from ml_collections import config_flags
 
 from agentrl import advantages
 from agentrl import configs
+from agentrl import distributed
+from agentrl import loop
+from agentrl import recipe
 from agentrl import sharding
 from agentrl import types
 from agentrl.losses import aggregation
 from agentrl.losses import policy as pg
 from agentrl.models import policy as policy_lib
-from experiments import grpo
+from agentrl.rollout import sampler as sampler_lib
 
 
 def get_config(arg: str | None = None) -> mlc.ConfigDict:
-  c = grpo.get_config(arg)
+  arg = configs.parse_arg(arg, preset="cpu", smoke=False)
+  c = recipe.rl_config(arg.preset, smoke=arg.smoke)
   c.loss = dict(eps_low=0.2, eps_high=0.2)
   return c
 
 
-LOSS_SCHEMA = {
+SCHEMA = {
+    **recipe.RL_SCHEMA,
     "loss.eps_low": configs.Key(float, min=0.0, max=1.0),
     "loss.eps_high": configs.Key(float, min=0.0),
     "rollout.group_size": configs.Key(int, min=1),
@@ -56,7 +59,7 @@ def make_update_step(config, graphdef, tx):
     loss = aggregation.aggregate(pg_BT, mask_BT, "token-mean")
     return loss, metrics | {"loss": loss}
 
-  return grpo.gradient_step(loss_fn, tx)
+  return loop.gradient_step(loss_fn, tx)
 
 
 def make_advantage_fn(config):
@@ -71,18 +74,49 @@ def make_advantage_fn(config):
   return advantage_fn
 
 
-METHOD = grpo.Method("ReMax", LOSS_SCHEMA, make_update_step, make_advantage_fn,
-                     make_rollout_fn=functools.partial(grpo.default_rollout_fn,
-                                                       greedy_baseline=True))
-
-
+# ---------------------------------------------------------------------------------------------
+# train() and main().
+# ---------------------------------------------------------------------------------------------
 def train(config: mlc.ConfigDict, workdir: str) -> dict:
-  return grpo.run(config, workdir, METHOD)
+  """ReMax end to end; returns the summary written to <workdir>/summary.json."""
+  recipe.validate(config, SCHEMA)
+  start = recipe.write_config(config, workdir)
+  rc, mesh = config.rollout, sharding.make_mesh(config.mesh)
+  make_env = recipe.make_task(config.task)
+
+  # ---- Policy (warm-started), frozen reference, optimizer.
+  tok, graphdef, params = recipe.build_policy(config, mesh)
+  params, sft_info = recipe.warm_start(config, workdir, mesh, graphdef, params, tok)
+  ref_params = jax.tree.map(jnp.copy, params)  # the update donates params; the anchor stays
+  tx = recipe.make_optimizer(config.optim)
+  state, state_shardings = sharding.create_train_state(params, tx, mesh, config.sharding_rules)
+
+  # ---- Jitted steps.
+  score_step = jax.jit(loop.make_score_step(graphdef, temperature=rc.temperature,
+                                            logprob_impl=config.model.logprob_impl,
+                                            with_ref=True))
+  update_step = jax.jit(loop.skip_nonfinite(make_update_step(config, graphdef, tx)),
+                        donate_argnames="state", out_shardings=(state_shardings, None))
+
+  # ---- Rollout, data and held-out evaluation.
+  sampler = sampler_lib.Sampler(graphdef, pad_id=tok.pad_id)
+  data = recipe.prompt_stream(make_env)
+
+  # ---- The RL loop.
+  with jax.set_mesh(mesh):
+    result = loop.run(
+        state, rng=jax.random.key(config.seed), total_steps=config.total_steps, workdir=workdir,
+        rollout_fn=recipe.group_rollout_fn(config, sampler, tok, make_env, data, mesh,
+                                            greedy_baseline=True),
+        score_fn=lambda params, batch: score_step(params, ref_params, batch),
+        advantage_fn=jax.jit(make_advantage_fn(config)), update_fn=update_step, data=data,
+        evaluate=recipe.evaluator(config, sampler, tok, make_env), **recipe.loop_options(config))
+  return recipe.write_summary(workdir, result, name="ReMax", start=start, sft_info=sft_info)
 
 
 def main(argv):
   del argv
-  sharding.initialize_distributed()  # no-op unless launched multi-process
+  distributed.initialize_distributed()  # no-op unless launched multi-process
   train(_CONFIG.value, _WORKDIR.value)
 
 

@@ -121,5 +121,68 @@ class BuildTest(absltest.TestCase):
         self.assertIn(label, listed, f"{label} is missing from //:all_tests")
 
 
+  def test_binaries_depend_only_on_libraries(self):
+    # An experiment is a one-file fork: what two experiments share is library code.
+    binaries = [label for label, (rule, _, _) in self.targets.items() if rule == "py_binary"]
+    self.assertIn("//experiments:grpo", binaries)
+    for label in binaries:
+      _, kwargs, package = self.targets[label]
+      for dep in kwargs.get("deps") or []:
+        canonical = _resolve(dep, package)
+        if canonical is not None and canonical in self.targets:
+          self.assertEqual(self.targets[canonical][0], "py_library",
+                           f"{label} depends on {dep}, which is not a py_library")
+
+  def test_binary_deps_match_their_imports(self):
+    for label, (rule, kwargs, package) in self.targets.items():
+      if rule != "py_binary" or package != "experiments":
+        continue
+      local = {_resolve(d, package) for d in kwargs.get("deps") or []} - {None}
+      imported = set()
+      for src in kwargs["srcs"]:
+        imported |= _local_imports(ROOT / package / src)
+      self.assertEqual(imported - local, set(), f"{label}: imports without a BUILD dep")
+      self.assertEqual(local - imported, set(), f"{label}: BUILD deps it does not import")
+
+
+def _local_imports(path: pathlib.Path) -> set[str]:
+  """'//pkg:module' for every agentrl/kernels/experiments module a file imports."""
+  labels = set()
+  for node in ast.walk(ast.parse(path.read_text())):
+    if isinstance(node, ast.ImportFrom) and node.module:
+      for alias in node.names:
+        full = f"{node.module}.{alias.name}"
+        if (ROOT / (full.replace(".", "/") + ".py")).exists():
+          labels.add("//" + node.module.replace(".", "/") + ":" + alias.name)
+        elif (ROOT / (node.module.replace(".", "/") + ".py")).exists():
+          pkg, _, name = node.module.rpartition(".")
+          labels.add("//" + pkg.replace(".", "/") + ":" + name)
+    elif isinstance(node, ast.Import):
+      for alias in node.names:
+        if (ROOT / (alias.name.replace(".", "/") + ".py")).exists():
+          pkg, _, name = alias.name.rpartition(".")
+          labels.add("//" + pkg.replace(".", "/") + ":" + name)
+  return labels
+
+
+class ForkUnitTest(absltest.TestCase):
+
+  def test_no_experiment_imports_another(self):
+    files = sorted((ROOT / "experiments").glob("*.py"))
+    self.assertGreater(len(files), 10)  # the glob found the experiments
+    for path in files:
+      for node in ast.walk(ast.parse(path.read_text())):
+        names = []
+        if isinstance(node, ast.ImportFrom) and node.module:
+          names = [node.module]
+        elif isinstance(node, ast.Import):
+          names = [alias.name for alias in node.names]
+        for name in names:
+          self.assertFalse(name == "experiments" or name.startswith("experiments."),
+                           f"experiments/{path.name} imports {name}: an experiment imports only "
+                           "agentrl, kernels and third-party packages; move what it shares "
+                           "into the library")
+
+
 if __name__ == "__main__":
   absltest.main()

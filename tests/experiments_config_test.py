@@ -8,9 +8,10 @@ from absl.testing import absltest
 from absl.testing import parameterized
 
 from agentrl import configs
+from agentrl import recipe
 
 RL_EXPERIMENTS = ("grpo", "dr_grpo", "dapo", "gspo", "ctpo", "holder_po", "rloo", "remax",
-                  "reinforce_pp", "gmpo", "cispo", "ppo", "r2vpo")
+                  "reinforce_pp", "gmpo", "cispo", "ppo", "r2vpo", "agent", "reward_model")
 
 
 def _module(name):
@@ -21,34 +22,45 @@ class PresetTest(parameterized.TestCase):
 
   @parameterized.parameters(*[(name,) for name in RL_EXPERIMENTS])
   def test_default_and_smoke_presets_validate(self, name):
-    module, grpo = _module(name), _module("grpo")
+    module = _module(name)
     for arg in (None, "smoke"):
-      grpo.validate(module.get_config(arg), module.LOSS_SCHEMA)
+      recipe.validate(module.get_config(arg), module.SCHEMA)
     config = module.get_config()
     config.loss.unknown_knob = 1.0
     with self.assertRaisesRegex(configs.ConfigError, r"config\.loss\.unknown_knob is not a key"):
-      grpo.validate(config, module.LOSS_SCHEMA)
+      recipe.validate(config, module.SCHEMA)
 
-  def test_agent_and_reward_model_presets_validate(self):
-    agent, grpo, rm = _module("agent"), _module("grpo"), _module("reward_model")
+  @parameterized.parameters(*[(name,) for name in RL_EXPERIMENTS])
+  def test_every_key_the_file_sets_is_in_its_schema(self, name):
+    # The other half of "every key it reads is validated": nothing set that nothing reads.
+    module = _module(name)
     for arg in (None, "smoke"):
-      configs.validate(agent.get_config(arg), agent.SCHEMA)
-      grpo.validate(rm.get_config(arg), rm.RM_SCHEMA)
+      config = module.get_config(arg)
+      leaves = {path for path, _ in configs._leaves(config)}  # pylint: disable=protected-access
+      covered = {path for path in leaves
+                 if any(path == key or path.startswith(key + ".") for key in module.SCHEMA)}
+      self.assertEqual(leaves - covered, set(), name)
+      missing = [key for key in module.SCHEMA
+                 if not any(path == key or path.startswith(key + ".") for path in leaves)]
+      self.assertEqual(missing, [], f"{name}: schema keys its config never sets")
+
+  def test_agent_task_is_validated(self):
+    agent = _module("agent")
     config = agent.get_config()
     config.task.family = "chess"
     with self.assertRaisesRegex(configs.ConfigError, r"config\.task\.family must be one of"):
-      configs.validate(config, agent.SCHEMA)
+      recipe.validate(config, agent.SCHEMA)
 
   def test_grpo_presets(self):
     grpo = _module("grpo")
-    grpo.validate(grpo.get_config("smollm2"))
-    grpo.validate(grpo.get_config("preset=smollm2,smoke"))
+    recipe.validate(grpo.get_config("smollm2"), grpo.SCHEMA)
+    recipe.validate(grpo.get_config("preset=smollm2,smoke"), grpo.SCHEMA)
     with self.assertRaisesRegex(configs.ConfigError, r"config\.model\.path must be an HF"):
-      grpo.validate(grpo.get_config("pod"))  # the checkpoint path is the user's to give
+      recipe.validate(grpo.get_config("pod"), grpo.SCHEMA)  # the path is the user's to give
     pod = grpo.get_config("pod")
     pod.model.path = "/ckpt/Qwen3-8B"
-    grpo.validate(pod)
-    with self.assertRaisesRegex(configs.ConfigError, r"unknown grpo preset 'gpu'"):
+    recipe.validate(pod, grpo.SCHEMA)
+    with self.assertRaisesRegex(configs.ConfigError, r"unknown preset 'gpu'"):
       grpo.get_config("gpu")
     with self.assertRaisesRegex(configs.ConfigError, r"unknown config arg 'smok'"):
       grpo.get_config("preset=cpu,smok")
@@ -58,7 +70,7 @@ class BadValueTest(parameterized.TestCase):
 
   @parameterized.named_parameters(
       ("group_size", "rollout.group_size", 1,
-       r"^config\.rollout\.group_size must be >= 2 for GRPO, got 1$"),
+       r"^config\.rollout\.group_size must be >= 2 for a group baseline, got 1$"),
       ("lr_type", "optim.lr", "fast", r"config\.optim\.lr must be float, got str"),
       ("agg", "loss.agg", "mean", r"config\.loss\.agg must be one of"),
       ("temperature", "rollout.temperature", 0.0, r"config\.rollout\.temperature must be >="),
@@ -79,7 +91,7 @@ class BadValueTest(parameterized.TestCase):
     # Bypass ConfigDict's own type check to reach validate(), as a hand-edited config would.
     node._fields[leaf] = value  # pylint: disable=protected-access
     with self.assertRaisesRegex(configs.ConfigError, pattern):
-      grpo.validate(config)
+      recipe.validate(config, grpo.SCHEMA)
 
   def test_unknown_key_is_rejected(self):
     grpo = _module("grpo")
@@ -87,22 +99,22 @@ class BadValueTest(parameterized.TestCase):
     config.rollout.groupsize = 4
     with self.assertRaisesRegex(configs.ConfigError,
                                 r"config\.rollout\.groupsize is not a key this experiment reads"):
-      grpo.validate(config)
+      recipe.validate(config, grpo.SCHEMA)
 
   def test_r2vpo_needs_one_minibatch(self):
-    r2vpo, grpo = _module("r2vpo"), _module("grpo")
+    r2vpo = _module("r2vpo")
     config = r2vpo.get_config()
     config.updates.minibatches = 2
     with self.assertRaisesRegex(configs.ConfigError,
                                 r"config\.updates\.minibatches must be <= 1 for R2VPO"):
-      grpo.validate(config, r2vpo.LOSS_SCHEMA)
+      recipe.validate(config, r2vpo.SCHEMA)
 
-  def test_scratch_model_needs_the_arithmetic_task(self):
+  def test_scratch_model_needs_a_task_with_a_built_in_tokenizer(self):
     grpo = _module("grpo")
     config = grpo.get_config()
     config.task.name = "reasoning_gym"
     with self.assertRaisesRegex(configs.ConfigError, r"config\.model\.init='scratch'"):
-      grpo.validate(config)
+      recipe.validate(config, grpo.SCHEMA)
 
 
 class EvalTest(absltest.TestCase):

@@ -1,8 +1,9 @@
 """Smoke runs of every experiment's `smoke` preset, plus the real-scale presets by eval_shape.
 
 Each experiments/<name>.py must run `train(get_config("smoke"), workdir)` on CPU in seconds
-and leave metrics, TensorBoard events and a checkpoint behind (style.md C11.5), so a fork gets
-coverage for free. All experiments run in this one process and share a persistent XLA
+and leave the same artifacts behind (config.json, metrics.jsonl, TensorBoard events,
+summary.json, curves.png, checkpoints, W&B logs when asked), and `experiments.eval` must read
+its run (style.md C11.5, architecture.md §4), so a fork gets coverage for free. All experiments run in this one process and share a persistent XLA
 compilation cache, so programs they have in common (model init, sampler, scoring) compile once.
 """
 import os
@@ -13,16 +14,22 @@ import atexit  # pylint: disable=g-import-not-at-top,wrong-import-position
 import importlib  # pylint: disable=g-import-not-at-top,wrong-import-position
 import json
 import shutil
+import sys
 import tempfile
+import types
 
 from absl.testing import absltest
 from absl.testing import parameterized
+from flax import nnx
 import jax
+import numpy as np
 import optax
 
 from agentrl import configs
 from agentrl import metrics
+from agentrl import recipe
 from agentrl import sharding
+from agentrl.losses import schedules
 from agentrl.models import presets
 from agentrl.models import transformer
 
@@ -41,6 +48,25 @@ def _tmpdir(test) -> str:
   return path
 
 
+def _fake_wandb():
+  """A stand-in `wandb` module that records init kwargs and logged steps (W&B is optional)."""
+  calls = {"init": [], "log": [], "finish": 0}
+
+  class Run:
+
+    def log(self, scalars, step):
+      calls["log"].append((step, dict(scalars)))
+
+    def finish(self):
+      calls["finish"] += 1
+
+  def init(**kwargs):
+    calls["init"].append(kwargs)
+    return Run()
+
+  return types.SimpleNamespace(init=init), calls
+
+
 class SmokeTest(parameterized.TestCase):
 
   @parameterized.parameters(*[(name,) for name in RL_EXPERIMENTS])
@@ -48,11 +74,30 @@ class SmokeTest(parameterized.TestCase):
     module = importlib.import_module(f"experiments.{name}")
     workdir = _tmpdir(self)
     config = module.get_config("smoke")
-    module.train(config, workdir)
+    config.log.wandb_project = "agentrl-smoke"
+    wandb, calls = _fake_wandb()
+    # Only the "wandb" entry is swapped: mock.patch.dict(sys.modules) would also drop every
+    # module first imported during the run, and protobuf cannot register those twice.
+    previous = sys.modules.get("wandb")
+    sys.modules["wandb"] = wandb
+    try:
+      module.train(config, workdir)
+    finally:
+      if previous is None:
+        del sys.modules["wandb"]
+      else:
+        sys.modules["wandb"] = previous
     records = metrics.read_jsonl(os.path.join(workdir, metrics.JSONL))
     self.assertEqual([r["step"] for r in records], list(range(1, config.total_steps + 1)))
     for key in ("reward", "loss", "grad_norm", "entropy", "skipped", "time/update"):
       self.assertIn(key, records[-1], f"{name} does not log {key}")
+    if name == "holder_po":  # p's schedule spans the run's total_steps, read at run time
+      lc = config.loss
+      expected = [float(schedules.holder_p(s, schedule=lc.p_schedule, p_const=lc.p_const,
+                                           p_min=lc.p_min, p_max=lc.p_max,
+                                           schedule_steps=config.total_steps))
+                  for s in range(config.total_steps)]
+      np.testing.assert_allclose([r["holder_p"] for r in records], expected, rtol=1e-6)
     self.assertTrue(os.listdir(os.path.join(workdir, "tb")))
     self.assertIn(str(config.total_steps), os.listdir(os.path.join(workdir, "ckpt")))
     with open(os.path.join(workdir, "summary.json")) as f:
@@ -60,6 +105,20 @@ class SmokeTest(parameterized.TestCase):
     for key in ("success_before", "success_after", "steps", "wall_seconds"):
       self.assertIn(key, summary)
     self.assertTrue(os.path.exists(os.path.join(workdir, "curves.png")))
+    # W&B: one run in the configured project, every step logged, closed at the end.
+    self.assertEqual([c["project"] for c in calls["init"]], ["agentrl-smoke"], name)
+    self.assertEqual([step for step, _ in calls["log"]], [r["step"] for r in records], name)
+    self.assertEqual(calls["finish"], 1, name)
+    # The run's config.json is the config it ran, and experiments.eval can read the run.
+    self.assertEqual(json.loads(recipe.read_config(workdir).to_json()),
+                     json.loads(config.to_json()))
+    evaluation = importlib.import_module("experiments.eval")
+    eval_config = evaluation.get_config("smoke")
+    eval_config.run_dir = workdir
+    result = evaluation.train(eval_config, _tmpdir(self))
+    self.assertEqual(result["step"], str(config.total_steps), name)
+    for key in ("greedy_success", "pass@1", "pass@2"):
+      self.assertBetween(result[key], 0.0, 1.0)
 
   def test_sft_smoke_preset(self):
     sft = importlib.import_module("experiments.sft")
@@ -107,8 +166,9 @@ class RealScaleTest(parameterized.TestCase):
     mesh = sharding.make_mesh(config.mesh)
     self.assertEqual(dict(mesh.shape), {"data": 1, "fsdp": 8, "tensor": 1})
     cfg = transformer.Config.named(config.model.variant, dtype=config.model.dtype)
-    tx = grpo.make_optimizer(config.optim)
-    abstract, shardings = grpo.abstract_train_state(config, mesh, cfg, tx)
+    tx = recipe.make_optimizer(config.optim)
+    abstract, shardings = sharding.abstract_train_state(
+        lambda: transformer.Transformer(cfg, rngs=nnx.Rngs(0)), tx, mesh, config.sharding_rules)
     n_params = sum(x.size for x in jax.tree.leaves(abstract.params))
     self.assertEqual(n_params, presets.PUBLISHED_PARAMS["qwen3-8b"])
     # Adam keeps two float32 moments per parameter, sharded like the parameter.
@@ -124,26 +184,31 @@ class RealScaleTest(parameterized.TestCase):
     self.assertEqual(dict(config.mesh), {"data": -1, "fsdp": 8, "tensor": 1})
     self.assertEqual((config.model.variant, config.task.name), ("qwen3-8b", "hidden_rule"))
     with self.assertRaisesRegex(configs.ConfigError, "config.model.path must be"):
-      agent.validate(config)
+      recipe.validate(config, agent.SCHEMA)
     config.model.path = "/ckpt/Qwen3-8B"
-    agent.validate(config)
+    recipe.validate(config, agent.SCHEMA)
     with self.assertRaisesRegex(configs.ConfigError, "unknown agent preset 'cpu'"):
       agent.get_config("preset=cpu")
 
-  @parameterized.parameters(*[(name,) for name in RL_EXPERIMENTS if name not in ("grpo", "agent")])
+  def test_reward_model_has_no_pod_preset(self):
+    # Its reward model and preference pairs are built on the arithmetic task's tokenizer.
+    rm = importlib.import_module("experiments.reward_model")
+    with self.assertRaisesRegex(configs.ConfigError, "unknown reward_model preset 'pod'"):
+      rm.get_config("pod")
+
+  @parameterized.parameters(*[(name,) for name in RL_EXPERIMENTS
+                              if name not in ("grpo", "agent", "reward_model")])
   def test_family_pod_presets_validate(self, name):
-    # The GRPO-family binaries take grpo's presets; each must accept the pod preset under its
-    # own loss schema (its real-scale run fails up front otherwise, not after loading 8B).
-    grpo = importlib.import_module("experiments.grpo")
+    # Every RL binary takes recipe.rl_config's presets; each must accept the pod preset under
+    # its own schema (its real-scale run fails up front otherwise, not after loading 8B).
     module = importlib.import_module(f"experiments.{name}")
     config = module.get_config("pod")
     self.assertEqual(dict(config.mesh), {"data": -1, "fsdp": 8, "tensor": 1})
     self.assertEqual(config.model.variant, "qwen3-8b")
-    schema = getattr(module, "LOSS_SCHEMA", None) or getattr(module, "RM_SCHEMA")
     with self.assertRaisesRegex(configs.ConfigError, "config.model.path must be"):
-      grpo.validate(config, schema)  # the checkpoint path is the user's to give
+      recipe.validate(config, module.SCHEMA)  # the checkpoint path is the user's to give
     config.model.path = "/ckpt/Qwen3-8B"
-    grpo.validate(config, schema)
+    recipe.validate(config, module.SCHEMA)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""The README stays true: its worked example runs, and every function its tables name exists."""
+"""The README stays true: its worked example runs, every function its tables name exists, and
+its experiment table lists every experiment file."""
 import importlib
 import pathlib
 import re
@@ -29,6 +30,17 @@ class ReadmeTest(absltest.TestCase):
   def test_ci_blocks_present(self):
     for marker in ("<!-- ci:install -->", "<!-- ci:test -->"):
       self.assertIn(marker, README)
+
+  def test_experiment_table_lists_every_experiment(self):
+    rows = [line for line in _section("## Run").splitlines() if line.startswith("| `experiments.")]
+    self.assertGreater(len(rows), 5)  # the table was found
+    listed = set()
+    for row in rows:
+      first = row.split("|")[1]
+      listed |= {name.split(".")[-1] for name in re.findall(r"`([a-z0-9_.]+)`", first)}
+    files = {p.stem for p in (ROOT / "experiments").glob("*.py") if p.stem != "__init__"}
+    self.assertEqual(files - listed, set(), "experiments missing from the README table")
+    self.assertEqual(listed - files, set(), "README table rows without an experiment file")
 
   def test_worked_example_runs(self):
     section = _section("### Worked example")

@@ -2,23 +2,21 @@
 """Sharded == single-device on 8 host CPU devices, and a two-process run (agentrl.sharding).
 
 The tiny transformer on a (data, fsdp, tensor) = (2, 2, 2) mesh must give the same logits,
-log-probs, loss and Adam update as on one device (<= 1e-5); the vocab-parallel log-prob must
-match the unsharded reference in value and gradient without ever holding the vocabulary axis;
-and two local processes (4 CPU devices each, gloo collectives over loopback) must see one
-8-device mesh.
+log-probs (also through the vocab-parallel op), loss and Adam update as on one device
+(<= 1e-5); and two local processes (4 CPU devices each, gloo collectives over loopback,
+started by agentrl.distributed) must see one 8-device mesh. The op alone is tested in
+kernels/logprob/vocab_parallel_test.py, launcher detection in agentrl/distributed_test.py.
 """
 import os
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 
-import functools  # pylint: disable=g-import-not-at-top,wrong-import-position
-import pathlib
+import pathlib  # pylint: disable=g-import-not-at-top,wrong-import-position
 import re
 import socket
 import subprocess
 import sys
 import textwrap
-from unittest import mock
 
 from absl.testing import absltest
 from absl.testing import parameterized
@@ -35,7 +33,7 @@ from agentrl.losses import aggregation
 from agentrl.losses import policy as pg
 from agentrl.models import policy as policy_lib
 from agentrl.models import transformer
-from kernels.logprob import ops
+from kernels import logprob
 
 jax.config.update("jax_numpy_rank_promotion", "raise")
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -129,7 +127,7 @@ def _vocab_parallel_logp(model, batch: types.Batch, mesh):
   """[B, T] log-probs with column 0 = 0, as policy.token_logprobs, via the vocab-parallel op."""
   b, t = batch.tokens_BT.shape
   h_BTD = model.hidden(batch.tokens_BT, batch.positions_BT, batch.input_mask_BT)
-  logp_N = sharding.vocab_parallel_token_logprobs(
+  logp_N = logprob.vocab_parallel_token_logprobs(
       h_BTD[:, :-1].reshape(b * (t - 1), -1), model.unembed_DV(),
       batch.tokens_BT[:, 1:].reshape(-1), mesh=mesh)
   return jnp.pad(logp_N.reshape(b, t - 1), ((0, 0), (1, 0)))
@@ -247,49 +245,6 @@ class BatchAndReshardTest(absltest.TestCase):
     np.testing.assert_array_equal(y["x"], np.arange(64.0).reshape(8, 8))
 
 
-class VocabParallelTest(parameterized.TestCase):
-
-  @parameterized.named_parameters(
-      ("xla", 1.0, None, False, "xla"),
-      ("xla_temperature_softcap_entropy", 0.7, 5.0, True, "xla"),
-      ("pallas_tpu_interpret", 1.0, None, False, "pallas_tpu"),  # check_vma=False path
-  )
-  def test_matches_reference_in_value_and_gradient(self, temperature, softcap, entropy, impl):
-    n, d, v = 16, 32, 384  # v appears in no compiled shape unless the vocabulary is gathered
-    rng = np.random.default_rng(1)
-    h_ND = jnp.asarray(rng.normal(size=(n, d)), jnp.float32)
-    w_DV = jnp.asarray(rng.normal(size=(d, v)) / 4, jnp.float32)
-    y_N = jnp.asarray(rng.integers(0, v, n), jnp.int32)
-    a_N, b_N = (jnp.asarray(rng.normal(size=n), jnp.float32) for _ in range(2))
-    kw = dict(temperature=temperature, softcap=softcap, return_entropy=entropy)
-    mesh = sharding.make_mesh((2, 2, 2))
-
-    def loss(fn):
-      def f(h_ND, w_DV):
-        out = fn(h_ND, w_DV, y_N, **kw)
-        logp_N, ent_N = out if entropy else (out, jnp.zeros_like(out))
-        return (a_N * logp_N + b_N * ent_N).sum(), (logp_N, ent_N)
-      return jax.value_and_grad(f, argnums=(0, 1), has_aux=True)
-
-    ref = loss(ops.token_logprobs_reference)(h_ND, w_DV)
-    with jax.set_mesh(mesh):
-      fn = jax.jit(loss(functools.partial(sharding.vocab_parallel_token_logprobs, mesh=mesh,
-                                          impl=impl, interpret=impl != "xla")))
-      got = fn(h_ND, w_DV)
-      hlo = fn.lower(h_ND, w_DV).compile().as_text()
-    self.assertLess(_max_diff(got, ref), TOL)
-    self.assertGreater(float(jnp.abs(ref[1][1]).max()), 1e-2)  # non-trivial dW
-    shape = lambda dims: rf"\b[a-z]+\d*\[{dims}\]"  # an HLO array type such as f32[32,192]
-    self.assertRegex(hlo, shape(rf"{d},{v // 2}"))  # W's local shard
-    self.assertNotRegex(hlo, shape(rf"(\d+,)*{v}(,\d+)*"))  # nothing spans the vocabulary
-
-  def test_indivisible_sizes_are_named(self):
-    mesh = sharding.make_mesh((2, 2, 2))
-    with self.assertRaisesRegex(ValueError, r"V=7 divisible by tensor=2"):
-      sharding.vocab_parallel_token_logprobs(jnp.zeros((8, 4)), jnp.zeros((4, 7)),
-                                             jnp.zeros((8,), jnp.int32), mesh=mesh)
-
-
 _WORKER = textwrap.dedent("""
     import os, sys
     os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
@@ -299,11 +254,11 @@ _WORKER = textwrap.dedent("""
     import jax.numpy as jnp
     import numpy as np
     from jax.sharding import NamedSharding, PartitionSpec as P
-    from agentrl import sharding, types
-    from kernels.logprob import ops
+    from agentrl import distributed, sharding, types
+    from kernels import logprob
 
     pid = int(sys.argv[2])
-    assert sharding.initialize_distributed(sys.argv[1], 2, pid, initialization_timeout=60)
+    assert distributed.initialize_distributed(sys.argv[1], 2, pid, initialization_timeout=60)
     mesh = sharding.make_mesh({"data": -1, "tensor": 2})
     x = jax.make_array_from_process_local_data(
         NamedSharding(mesh, P(sharding.MESH_AXES)), np.arange(4.0) + 4 * pid)
@@ -317,42 +272,19 @@ _WORKER = textwrap.dedent("""
     put = lambda a, spec: jax.make_array_from_callback(
         a.shape, NamedSharding(mesh, spec), lambda i: a[i])
     with jax.set_mesh(mesh):
-      logp = jax.jit(lambda *a: sharding.vocab_parallel_token_logprobs(*a, mesh=mesh),
+      logp = jax.jit(lambda *a: logprob.vocab_parallel_token_logprobs(*a, mesh=mesh),
                      out_shardings=NamedSharding(mesh, P()))(
           put(h.astype(np.float32), P(sharding.ROWS)), put(w.astype(np.float32), P(None, "tensor")),
           put(y.astype(np.int32), P(sharding.ROWS)))
-    ref = ops.token_logprobs_reference(jnp.asarray(h, jnp.float32), jnp.asarray(w, jnp.float32), y)
+    ref = logprob.token_logprobs_reference(jnp.asarray(h, jnp.float32),
+                                           jnp.asarray(w, jnp.float32), y)
     err = float(np.abs(np.asarray(logp.addressable_data(0)) - np.asarray(ref)).max())
     print("RESULT", jax.process_count(), jax.device_count(), float(total.addressable_data(0)[0]),
           batch.tokens_BT.shape[0], int(rows_sum), err)
 """)
 
 
-class DistributedTest(absltest.TestCase):
-
-  def _clean_env(self, **env):
-    patched = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARS}
-    return mock.patch.dict(os.environ, {**patched, **env}, clear=True)
-
-  def test_single_process_is_a_noop(self):
-    with self._clean_env(), mock.patch.object(sharding, "_on_cloud_tpu_vm", return_value=False):
-      self.assertFalse(sharding.initialize_distributed())
-    with self._clean_env(JAX_NUM_PROCESSES="1", JAX_COORDINATOR_ADDRESS="10.0.0.1:1234"):
-      self.assertFalse(sharding.initialize_distributed())
-    with self._clean_env(SLURM_NTASKS="1", SLURM_STEP_NODELIST="n1"):
-      self.assertIsNone(sharding.cluster_launcher())
-    self.assertFalse(jax.distributed.is_initialized())
-    with self._clean_env(JAX_NUM_PROCESSES="two"):
-      with self.assertRaisesRegex(ValueError, "JAX_NUM_PROCESSES='two' must be an integer"):
-        sharding.initialize_distributed()
-
-  def test_launchers_are_detected_from_standard_env_vars(self):
-    cases = [({"SLURM_NTASKS": "16", "SLURM_STEP_NODELIST": "gpu[1-2]"}, "slurm"),
-             ({"OMPI_COMM_WORLD_SIZE": "4"}, "openmpi"),
-             ({"TPU_WORKER_HOSTNAMES": "t0,t1,t2,t3"}, "tpu")]
-    for env, launcher in cases:
-      with self._clean_env(**env):
-        self.assertEqual(sharding.cluster_launcher(), launcher)
+class MultiProcessTest(absltest.TestCase):
 
   def test_two_local_processes_share_one_mesh(self):
     with socket.socket() as s:

@@ -13,12 +13,22 @@ Two prompt styles:
             <answer>...</answer> (else the last line) and compared as a number.
 
 `make_problem(seed, ...)` is the pure generator that agentrl.data streams; `ArithmeticEnv` is
-the same task as a one-step Env.
+the same task as a one-step Env. The supervised side of the compact task (a character-level
+tokenizer, gold sequences for teacher forcing, the SFT seed ranges) is at the end: the warm
+start of the from-scratch runs (agentrl/sft.py) and the reward-model experiment use it.
 """
 import random
 
+import numpy as np
+
 from agentrl.envs import base
+from agentrl.models import tokenizer as tokenizer_lib
 from agentrl.rewards import extract, verifiers
+
+# Disjoint seed ranges: RL prompts come from [0, HELDOUT_START), the held-out test set from
+# HELDOUT_START on, SFT data and its stopping (validation) set above both.
+SFT_SEED_BASE = 2**31
+VALID_SEED_BASE = 2**31 + 2**30
 
 OPS = ("+", "-", "*")
 STYLES = ("compact", "instruct")
@@ -95,3 +105,44 @@ class ArithmeticEnv:
     reward, error = score(action, self._problem["answer"], style=self._kwargs["style"])
     return "", reward, True, base.make_info(reward=reward, success=reward == 1.0, error=error,
                                             target=self._problem["answer"])
+
+
+# ---------------------------------------------------------------------------------------------
+# Supervised data for the compact task.
+# ---------------------------------------------------------------------------------------------
+def problems(seed_base: int, n: int, digits: int) -> list[dict]:
+  """The compact problems of seeds seed_base .. seed_base + n - 1."""
+  return [make_problem(seed_base + i, digits=digits) for i in range(n)]
+
+
+def build_tokenizer(digits: int) -> tokenizer_lib.Tokenizer:
+  """A character-level sentencepiece vocabulary (digits, '+', '=', '-', specials)."""
+  lines = [p["prompt"] + p["answer"] for p in problems(SFT_SEED_BASE, 500, digits)] + ["-"]
+  return tokenizer_lib.train_sentencepiece(
+      lines, 32, model_type="char", add_dummy_prefix=False, byte_fallback=False,
+      user_defined_symbols=())
+
+
+def gold_length(tok, digits: int) -> int:
+  """Tokens of the longest gold sequence (BOS + prompt + answer + EOS) for `digits`."""
+  p = make_problem(0, digits=digits)
+  return 1 + len(tok.encode(p["prompt"])) + len(tok.encode(p["answer"])) + 1
+
+
+def encode_gold(tok, batch_problems, length: int) -> dict[str, np.ndarray]:
+  """[B, length] right-padded BOS + prompt + answer + EOS; loss_mask on answer and EOS."""
+  B = len(batch_problems)
+  tokens = np.full((B, length), tok.pad_id, np.int32)
+  loss_mask = np.zeros((B, length), np.float32)
+  input_mask = np.zeros((B, length), bool)
+  for i, p in enumerate(batch_problems):
+    prompt = tok.encode(p["prompt"], add_bos=True)
+    ids = prompt + tok.encode(p["answer"]) + [tok.eos_id]
+    if len(ids) > length:
+      raise ValueError(f"problem {p['prompt']!r} needs {len(ids)} tokens > {length}")
+    tokens[i, :len(ids)] = ids
+    input_mask[i, :len(ids)] = True
+    loss_mask[i, len(prompt):len(ids)] = 1.0
+  positions = np.broadcast_to(np.arange(length, dtype=np.int32), (B, length)).copy()
+  return dict(tokens_BT=tokens, positions_BT=positions, input_mask_BT=input_mask,
+              loss_mask_BT=loss_mask)

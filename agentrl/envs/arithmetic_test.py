@@ -4,6 +4,7 @@ import re
 from absl.testing import absltest
 from absl.testing import parameterized
 
+from agentrl.data import generators
 from agentrl.envs import arithmetic
 
 
@@ -86,6 +87,29 @@ class ArithmeticEnvTest(absltest.TestCase):
   def test_step_before_reset_raises(self):
     with self.assertRaisesRegex(RuntimeError, "reset"):
       arithmetic.ArithmeticEnv().step("1")
+
+
+class SupervisedDataTest(absltest.TestCase):
+
+  def test_gold_encoding_round_trips_and_masks_the_answer(self):
+    tok = arithmetic.build_tokenizer(3)
+    problems = arithmetic.problems(arithmetic.SFT_SEED_BASE, 3, 3)
+    length = arithmetic.gold_length(tok, 3)
+    self.assertEqual(length, 1 + 8 + 4 + 1)  # BOS, "123+456=", 4 reversed digits, EOS
+    enc = arithmetic.encode_gold(tok, problems, length + 2)
+    for i, p in enumerate(problems):
+      ids = enc["tokens_BT"][i][enc["input_mask_BT"][i]].tolist()
+      self.assertEqual(ids[0], tok.bos_id)
+      self.assertEqual(ids[-1], tok.eos_id)
+      self.assertEqual(tok.decode(ids[1:-1]), p["prompt"] + p["answer"])
+      answer_ids = enc["tokens_BT"][i][enc["loss_mask_BT"][i] > 0].tolist()
+      self.assertEqual(answer_ids, tok.encode(p["answer"]) + [tok.eos_id])
+    with self.assertRaisesRegex(ValueError, "needs 14 tokens > 10"):
+      arithmetic.encode_gold(tok, problems, 10)
+
+  def test_seed_ranges_are_disjoint(self):
+    self.assertLess(generators.HELDOUT_START + 10**6, arithmetic.SFT_SEED_BASE)
+    self.assertLess(arithmetic.SFT_SEED_BASE + 10**8, arithmetic.VALID_SEED_BASE)
 
 
 if __name__ == "__main__":

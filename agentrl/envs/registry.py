@@ -22,8 +22,12 @@ ENVS = {
 }
 
 
-def make(name: str, **kwargs) -> base.Env:
-  """ENVS[name](**kwargs), with an error that lists the valid names."""
+def make(name: str, /, **kwargs) -> base.Env:
+  """ENVS[name](**kwargs), with an error that lists the valid names.
+
+  `name` is positional-only, so an env's own `name` argument (reasoning-gym's dataset) passes
+  through: make("reasoning_gym", name="basic_arithmetic").
+  """
   if name not in ENVS:
     raise ValueError(f"Unknown env {name!r}; choose one of {sorted(ENVS)}.")
   return ENVS[name](**kwargs)

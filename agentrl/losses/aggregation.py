@@ -11,12 +11,20 @@ Modes (m is the loss mask, L the per-token loss):
   token-sum                sum_{i,t} m L
   seq-mean-token-mean      mean_i [ sum_t m L / sum_t m ]          (GRPO paper, GSPO)
   seq-mean-token-sum       mean_i sum_t m L
-  seq-mean-token-sum-norm  sum_{i,t} m L / C, C a constant          (Dr.GRPO in verl)
+  seq-mean-token-sum-norm  mean_i [ sum_t m L / C ]                (Dr.GRPO; verl)
+                           = sum_{i,t} m L / (n_seq C), C a constant, default T
   seq-mean                 mean_i L_i for sequence-level losses [B] (GSPO seq, GMPO, HölderPO)
 
+seq-mean-token-sum-norm is Dr.GRPO's (Liu et al. 2025, arXiv 2503.20783) length-unbiased
+aggregate: each sequence's token sum is divided by one constant C instead of its own length
+(oat's `masked_sum(..., constant_normalizer=generate_max_length)`), then averaged over the
+n_seq valid sequences. verl's `agg_loss` gives the same value: its seq-mean over valid
+sequences divided by `loss_scale_factor` (default: the padded response length T). Pass C as
+`seq_norm_const` (Dr.GRPO uses the maximum generation length); without it C = T.
+
 Microbatch invariance. Pass `norm` computed once over the *whole* minibatch with
-`normalizer(mask, mode)`; then summing `aggregate(part, norm=norm)` over any split of the rows
-equals the unsplit value. Without `norm`, each call normalizes by its own rows, which is what
+`normalizer(mask, mode)` (plus `seq_norm_const=C` for seq-mean-token-sum-norm); then summing
+`aggregate(part, norm=norm)` over any split of the rows equals the unsplit value. Without `norm`, each call normalizes by its own rows, which is what
 a single-batch user wants but is not split-invariant (averaging per-microbatch token-means is
 a different estimator when microbatches hold different token counts).
 
@@ -36,29 +44,40 @@ def _check_mode(mode: str) -> None:
     raise ValueError(f"Unknown aggregation mode {mode!r}; expected one of {MODES}.")
 
 
-def normalizer(mask: jax.Array, mode: str) -> jax.Array:
+def normalizer(mask: jax.Array, mode: str, *,
+               seq_norm_const: float | None = None) -> jax.Array:
   """The denominator `aggregate` uses for `mode`, computed over all rows of `mask`.
 
   Compute it on the full minibatch and pass it as `norm=` to each microbatch's `aggregate`.
-  For `seq-mean-token-sum-norm` it is the constant C = T (the padded length); pass your own
-  constant (e.g. max response length) instead if you prefer.
+  For `seq-mean-token-sum-norm` it is n_seq · C: the number of valid sequences times the
+  constant C = `seq_norm_const` (default T, the padded length); `seq_norm_const` is an error
+  for any other mode.
   """
   _check_mode(mode)
+  if seq_norm_const is not None:
+    if mode != "seq-mean-token-sum-norm":
+      raise ValueError(f"seq_norm_const only applies to 'seq-mean-token-sum-norm'; got mode "
+                       f"{mode!r}.")
+    if isinstance(seq_norm_const, (int, float)) and not seq_norm_const > 0:
+      raise ValueError(f"seq_norm_const must be > 0; got {seq_norm_const}.")
   mask = mask.astype(jnp.float32)
   if mode == "token-mean":
     return jnp.maximum(mask.sum(), 1.0)
   if mode == "token-sum":
     return jnp.ones((), jnp.float32)
-  if mode == "seq-mean-token-sum-norm":
-    return jnp.asarray(mask.shape[-1], jnp.float32)
   if mode == "seq-mean":
     return jnp.maximum(mask.sum(), 1.0)
   valid_B = mask.sum(-1) > 0
-  return jnp.maximum(valid_B.sum().astype(jnp.float32), 1.0)
+  n_seq = jnp.maximum(valid_B.sum().astype(jnp.float32), 1.0)
+  if mode == "seq-mean-token-sum-norm":
+    const = mask.shape[-1] if seq_norm_const is None else seq_norm_const
+    return n_seq * jnp.asarray(const, jnp.float32)
+  return n_seq
 
 
 def aggregate(loss: jax.Array, mask: jax.Array, mode: str, *,
-              norm: jax.Array | float | None = None) -> jax.Array:
+              norm: jax.Array | float | None = None,
+              seq_norm_const: float | None = None) -> jax.Array:
   """Reduces a masked loss to a scalar (float32).
 
   Args:
@@ -66,9 +85,15 @@ def aggregate(loss: jax.Array, mask: jax.Array, mode: str, *,
     mask: same shape as `loss`; 1 where the entry counts. Masked entries are excluded with
       `where`, so a NaN or inf there cannot leak into the value or the gradient.
     mode: one of `MODES`.
-    norm: optional global denominator from `normalizer(full_mask, mode)`; see module doc.
+    norm: optional global denominator from `normalizer(full_mask, mode, ...)`; it replaces the
+      whole denominator (see module doc).
+    seq_norm_const: the constant C of "seq-mean-token-sum-norm" (default T). With `norm`, pass
+      it to `normalizer` instead.
   """
   _check_mode(mode)
+  if norm is not None and seq_norm_const is not None:
+    raise ValueError("norm= is the whole denominator; pass seq_norm_const to normalizer() "
+                     "and its result as norm=.")
   chex.assert_equal_shape([loss, mask])
   if mode == "seq-mean":
     chex.assert_rank(loss, 1)
@@ -76,7 +101,10 @@ def aggregate(loss: jax.Array, mask: jax.Array, mode: str, *,
     chex.assert_rank(loss, 2)
   mask_f = mask.astype(jnp.float32)
   masked = jnp.where(mask_f > 0, loss.astype(jnp.float32), 0.0) * mask_f
-  denom = normalizer(mask_f, mode) if norm is None else jnp.asarray(norm, jnp.float32)
+  if norm is None:
+    denom = normalizer(mask_f, mode, seq_norm_const=seq_norm_const)
+  else:
+    denom = jnp.asarray(norm, jnp.float32)
 
   if mode in ("token-mean", "token-sum", "seq-mean-token-sum-norm", "seq-mean"):
     return masked.sum() / denom

@@ -23,7 +23,8 @@ GOLDEN = {
     "token-sum": 18.0,
     "seq-mean-token-mean": (7.0 / 3.0 + 11.0 / 2.0) / 2.0,
     "seq-mean-token-sum": (7.0 + 11.0) / 2.0,
-    "seq-mean-token-sum-norm": 18.0 / 4.0,
+    # Dr.GRPO / verl: mean over the 2 valid rows of (token sum / C), C = T = 4 by default.
+    "seq-mean-token-sum-norm": (7.0 / 4.0 + 11.0 / 4.0) / 2.0,
 }
 
 
@@ -63,6 +64,44 @@ class AggregateTest(chex.TestCase, parameterized.TestCase):
       # Non-trivial side: per-split normalisation, averaged, is a different estimator.
       local = [aggregation.aggregate(loss[a:b], mask[a:b], mode) for a, b in splits]
       self.assertFalse(np.allclose(np.mean(local), full, rtol=1e-3))
+
+  @chex.variants(with_jit=True, without_jit=True)
+  def test_seq_mean_token_sum_norm_with_constant(self):
+    # Dr.GRPO with MAX_TOKENS C = 10: mean over valid rows of (row sum / 10) = (0.7 + 1.1) / 2.
+    fn = self.variant(functools.partial(aggregation.aggregate, mode="seq-mean-token-sum-norm",
+                                        seq_norm_const=10))
+    np.testing.assert_allclose(fn(LOSS, MASK), 0.9, rtol=1e-6)
+    np.testing.assert_allclose(
+        aggregation.normalizer(MASK, "seq-mean-token-sum-norm", seq_norm_const=10), 20.0)
+    # The empty row is not a sequence: appending more of them changes nothing.
+    padded = jnp.concatenate([MASK, jnp.zeros((3, 4))])
+    np.testing.assert_allclose(fn(jnp.concatenate([LOSS, LOSS]), padded), 0.9, rtol=1e-6)
+
+  @parameterized.parameters(None, 3.0, 50)
+  def test_seq_mean_token_sum_norm_microbatch_invariance(self, const):
+    loss, mask = _random_batch(3, B=9, T=6)
+    mode = "seq-mean-token-sum-norm"
+    full = aggregation.aggregate(loss, mask, mode, seq_norm_const=const)
+    norm = aggregation.normalizer(mask, mode, seq_norm_const=const)
+    parts = [aggregation.aggregate(loss[a:b], mask[a:b], mode, norm=norm)
+             for a, b in [(0, 2), (2, 3), (3, 9)]]  # (2, 3) holds only the fully masked row
+    np.testing.assert_allclose(sum(parts), full, rtol=1e-5)
+    m, l = np.asarray(mask), np.asarray(loss)
+    rows = m.sum(-1) > 0
+    want = ((l * m).sum(-1)[rows] / (6 if const is None else const)).mean()
+    np.testing.assert_allclose(full, want, rtol=1e-5)
+    # Non-trivial side: per-split normalisation is a different estimator.
+    local = [aggregation.aggregate(loss[a:b], mask[a:b], mode, seq_norm_const=const)
+             for a, b in [(0, 2), (2, 3), (3, 9)]]
+    self.assertFalse(np.allclose(sum(local), full, rtol=1e-3))
+
+  def test_seq_norm_const_misuse_is_named(self):
+    with self.assertRaisesRegex(ValueError, "only applies to 'seq-mean-token-sum-norm'"):
+      aggregation.aggregate(LOSS, MASK, "token-mean", seq_norm_const=4)
+    with self.assertRaisesRegex(ValueError, "pass seq_norm_const to normalizer"):
+      aggregation.aggregate(LOSS, MASK, "seq-mean-token-sum-norm", norm=8.0, seq_norm_const=4)
+    with self.assertRaisesRegex(ValueError, "must be > 0"):
+      aggregation.normalizer(MASK, "seq-mean-token-sum-norm", seq_norm_const=0)
 
   @parameterized.parameters(*TOKEN_MODES)
   def test_fully_masked_rows_contribute_nothing(self, mode):

@@ -25,7 +25,12 @@ import jax.numpy as jnp
 
 _LOG_RATIO_CLAMP = 20.0  # verl clamps per-token log-ratios to ±20 before exp.
 _MAX_LOG_RATIO = 10.0  # verl/CTPO clamp stop-gradient-decomposed log-ratios at max 10.
-_GEOMETRIC_P = 1e-6  # |p| below this uses the geometric-mean branch (HölderPO reference).
+# holder_log_ratio shifts z = p(ℓ − μ) by its max only above this: exp(60) · 1e12 tokens is
+# still finite in f32, and a shift costs ~1e-7 · shift / |p| of accuracy in M_p.
+_NO_SHIFT_MAX = 60.0
+# |p| below this uses the geometric-mean branch. The HölderPO reference switches at 1e-6; the
+# centred form below stays accurate much lower, and M_p − M_0 ≈ p Var(ℓ)/2 is negligible here.
+_GEOMETRIC_P = 1e-12
 
 
 def _check(logp_BT: jax.Array, old_logp_BT: jax.Array, mask_BT: jax.Array) -> None:
@@ -108,10 +113,23 @@ def holder_log_ratio(log_ratio_BT: jax.Array, mask_BT: jax.Array, *,
                      p: float | jax.Array) -> jax.Array:
   """Log Hölder (power) mean of the token ratios, M_p = log((1/L) Σ_t r_t^p)^(1/p). f32 [B].
 
-  Computed in log space as (logsumexp_{t: m_t=1}(p ℓ_t) − log L) / p (algorithms.md §2.7);
-  for |p| < 1e-6 the geometric mean (1/L) Σ_t m_t ℓ_t (the function is continuous there).
-  p = 1 is the arithmetic mean of r, p = −1 the harmonic mean, p → ±∞ the max / min.
+  HölderPO (arXiv 2605.12058, §3; algorithms.md §2.2, §2.7). L is each row's number of valid
+  tokens. p = 1 is the arithmetic mean of r, p = −1 the harmonic mean, p → ±∞ the max / min,
+  and p = 0 (|p| < 1e-12) the geometric mean (1/L) Σ_t m_t ℓ_t (the function is continuous).
   ∂M_p/∂ℓ_t = softmax_t(p ℓ) over valid tokens.
+
+  Computed relative to the row mean μ of ℓ, with z_t = p (ℓ_t − μ):
+    M_p = μ + (s + log((1/L) Σ_t exp(z_t − s))) / p,
+  where log(mean(exp(z − s))) is log1p(mean(expm1(z − s))) while that mean is above −1/2
+  (else log Σ exp − log L), and s = max_t z_t only if it exceeds 60 (else 0).
+  Why: the textbook form (logsumexp(p ℓ) − log L) / p cancels log L against the logsumexp and
+  divides the f32 rounding (~1e-7 · log L) by p; at L = 4096 and 1e-6 ≤ |p| ≤ 1e-3 it is off by
+  2–240 % of M_p for LLM-sized ℓ. Here M_p − μ ≈ p Var(ℓ)/2 is formed directly: relative
+  error ≲ 1e-6 from |p| = 1e-7 up. The shift s only prevents overflow of exp; it is skipped
+  otherwise because adding and subtracting it costs ~1e-7 · s / |p|. μ and s are constants
+  of the math (M_p does not depend on them), so they are stop-gradient and ∂M_p/∂ℓ_t is the
+  softmax exactly. ∂M_p/∂p is finite everywhere but only accurate for |p| ≳ 1e-4 (rounding
+  divided by p), and 0 on the geometric branch.
 
   `p` may be a traced scalar (a schedule inside a jitted step): both branches are computed
   and selected with `where`. Rows with no valid token return 0 with finite (zero) gradients.
@@ -123,16 +141,32 @@ def holder_log_ratio(log_ratio_BT: jax.Array, mask_BT: jax.Array, *,
   nonempty_B = count_B > 0
   length_B = jnp.maximum(count_B, 1.0)
   x_BT = jnp.where(valid_BT, log_ratio_BT.astype(jnp.float32), 0.0)
-  geometric_B = x_BT.sum(-1) / length_B
+  mu_B = jax.lax.stop_gradient(x_BT.sum(-1) / length_B)
+  # Masked entries get d = 0 (not −inf), so exp/expm1 below stay finite there: no NaN
+  # cotangents behind the `where`s.
+  d_BT = jnp.where(valid_BT, x_BT - mu_B[:, None], 0.0)
+  # μ + mean(d) is a second pass over the rounding of μ (a compensated mean).
+  geometric_B = mu_B + d_BT.sum(-1) / length_B
 
   p = jnp.asarray(p, jnp.float32)
   near_zero = jnp.abs(p) < _GEOMETRIC_P
   p_safe = jnp.where(near_zero, 1.0, p)  # keeps the unused branch finite (double where)
-  # Masked tokens get −inf so they cannot win the logsumexp, for p < 0 too; empty rows get a
-  # finite dummy row instead, because logsumexp over all −inf has a NaN gradient.
-  z_BT = jnp.where(valid_BT, p_safe * x_BT, -jnp.inf)
-  z_BT = jnp.where(nonempty_B[:, None], z_BT, 0.0)
-  power_B = (jax.nn.logsumexp(z_BT, axis=-1) - jnp.log(length_B)) / p_safe
+  z_BT = p_safe * d_BT
+  z_max_B = jnp.where(valid_BT, z_BT, -jnp.inf).max(-1)
+  shift_B = jax.lax.stop_gradient(
+      jnp.where(nonempty_B & (z_max_B > _NO_SHIFT_MAX), z_max_B, 0.0))
+  z_BT = z_BT - shift_B[:, None]  # <= 60 on valid tokens: exp stays finite
+  sum_B = jnp.where(nonempty_B, jnp.where(valid_BT, jnp.exp(z_BT), 0.0).sum(-1), 1.0)
+  # a = mean(exp(z)) − 1, summed as expm1 so the O(p²) part is not lost next to 1. Its gradient
+  # comes from the exp sum: jnp.expm1's derivative is expm1 + 1, which rounds away the small
+  # exp(z) of tokens far below the max (1e-4 relative error in their softmax weight).
+  a_B = jnp.where(valid_BT, jnp.expm1(z_BT), 0.0).sum(-1) / length_B
+  mean_exp_B = sum_B / length_B
+  a_B = jax.lax.stop_gradient(a_B) + (mean_exp_B - jax.lax.stop_gradient(mean_exp_B))
+  # When one token dominates, 1 + a ~ 1/L and loses digits; log of the exp sum is exact then.
+  log_mean_B = jnp.where(a_B > -0.5, jnp.log1p(jnp.maximum(a_B, -0.5)),
+                         jnp.log(sum_B) - jnp.log(length_B))
+  power_B = mu_B + (shift_B + log_mean_B) / p_safe
   return jnp.where(nonempty_B, jnp.where(near_zero, geometric_B, power_B), 0.0)
 
 

@@ -1,5 +1,9 @@
-"""Fused per-token log-probs: `kernels.logprob.token_logprobs` is `ops.token_logprobs`."""
+"""Fused per-token log-probs: `kernels.logprob.token_logprobs` is `ops.token_logprobs`.
+
+`vocab_parallel_token_logprobs` is the same op with the vocabulary split over a mesh axis.
+"""
 from kernels.logprob.ops import token_logprobs
 from kernels.logprob.ops import token_logprobs_reference
+from kernels.logprob.vocab_parallel import vocab_parallel_token_logprobs
 
-__all__ = ["token_logprobs", "token_logprobs_reference"]
+__all__ = ["token_logprobs", "token_logprobs_reference", "vocab_parallel_token_logprobs"]

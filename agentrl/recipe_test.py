@@ -1,0 +1,149 @@
+"""Tests for agentrl.recipe: presets, validation, task construction, workdir artifacts."""
+import json
+import os
+import shutil
+import sys
+import tempfile
+import types
+from unittest import mock
+
+from absl.testing import absltest
+from absl.testing import parameterized
+from agentrl import configs
+from agentrl import metrics
+from agentrl import recipe
+from agentrl import sharding
+from agentrl.rollout import sampler as sampler_lib
+
+
+def _tmpdir(test) -> str:
+  path = tempfile.mkdtemp()
+  test.addCleanup(shutil.rmtree, path, ignore_errors=True)
+  return path
+
+
+def _config(preset="cpu", smoke=False):
+  c = recipe.rl_config(preset, smoke=smoke)
+  c.loss = dict(eps=0.2)
+  return c
+
+
+SCHEMA = {**recipe.RL_SCHEMA, "loss.eps": configs.Key(float, min=0.0)}
+
+
+class ConfigTest(parameterized.TestCase):
+
+  @parameterized.parameters(("cpu", False), ("cpu", True), ("smollm2", False),
+                            ("smollm2", True))
+  def test_presets_validate(self, preset, smoke):
+    recipe.validate(_config(preset, smoke), SCHEMA)
+
+  def test_pod_needs_a_model_path(self):
+    config = _config("pod")
+    with self.assertRaisesRegex(configs.ConfigError, r"config\.model\.path must be an HF"):
+      recipe.validate(config, SCHEMA)
+    config.model.path = "/ckpt/Qwen3-8B"
+    recipe.validate(config, SCHEMA)
+    self.assertEqual(dict(config.mesh), {"data": -1, "fsdp": 8, "tensor": 1})
+
+  def test_unknown_preset_is_named(self):
+    with self.assertRaisesRegex(configs.ConfigError, r"unknown preset 'gpu'"):
+      recipe.rl_config("gpu")
+
+  @parameterized.named_parameters(
+      ("minibatches", lambda c: c.updates.update(minibatches=3),
+       r"config\.updates\.minibatches \(3\) must divide .* \(512\)"),
+      ("max_len", lambda c: c.rollout.update(max_new_tokens=16),
+       r"max_new_tokens \(16\) must be < config\.rollout\.max_len \(16\)"),
+      ("scratch", lambda c: c.task.update(name="reasoning_gym"),
+       r"config\.model\.init='scratch'"),
+  )
+  def test_cross_key_checks_name_the_keys(self, edit, pattern):
+    config = _config()
+    edit(config)
+    with self.assertRaisesRegex(configs.ConfigError, pattern):
+      recipe.validate(config, SCHEMA)
+
+  def test_loop_options_turn_on_wandb_only_when_asked(self):
+    config = _config()
+    self.assertIsNone(recipe.loop_options(config)["wandb"])
+    config.log.wandb_project = "p"
+    wandb = recipe.loop_options(config)["wandb"]
+    self.assertEqual(wandb["project"], "p")
+    self.assertEqual(wandb["config"], config.to_dict())
+    self.assertEqual(recipe.loop_options(config)["num_minibatches"], config.updates.minibatches)
+
+
+class TaskAndPolicyTest(absltest.TestCase):
+
+  def test_make_task_builds_each_task(self):
+    make_env = recipe.make_task(_config().task)
+    env = make_env()
+    self.assertRegex(env.reset(recipe.EVAL_SEED_BASE), r"^\d{3}\+\d{3}=$")
+    task = _config().task
+    task.update(name="hidden_rule")
+    task.family, task.max_turns = "guess", 3
+    self.assertEqual(recipe.make_task(task)().max_turns, 3)
+    task = _config().task
+    task.update(name="chess")
+    with self.assertRaisesRegex(configs.ConfigError, r"config\.task\.name must be one of"):
+      recipe.make_task(task)
+
+  def test_scratch_policy_for_both_scratch_tasks(self):
+    config = _config(smoke=True)
+    mesh = sharding.make_mesh(config.mesh)
+    tok, graphdef, params = recipe.build_policy(config, mesh)
+    self.assertEqual(params["embedding_VD"].get_value().shape[0], tok.vocab_size)
+    del graphdef
+    config.task.update(name="hidden_rule")
+    config.task.family, config.task.max_turns = "guess", 2
+    tok2 = recipe.task_tokenizer(config.task)
+    self.assertGreater(tok2.vocab_size, tok.vocab_size)
+
+
+class WorkdirTest(absltest.TestCase):
+
+  def test_config_json_round_trips_and_is_written_atomically(self):
+    workdir = os.path.join(_tmpdir(self), "run")
+    config = _config(smoke=True)
+    recipe.write_config(config, workdir)
+    # JSON has no tuples: compare both sides as JSON.
+    self.assertEqual(json.loads(recipe.read_config(workdir).to_json()),
+                     json.loads(config.to_json()))
+    self.assertEqual(os.listdir(workdir), ["config.json"])  # no temporary file left behind
+
+  def test_summary_table_and_files(self):
+    workdir = _tmpdir(self)
+    records = [{"step": s, "reward": 0.1 * s, "success": 0.1 * s, "loss": 1.0 / s,
+                "time/step": 1.0} for s in (1, 2)]
+    writer = metrics.Writer(workdir, total_steps=2, tensorboard=False, console=False)
+    for r in records:
+      writer.write(r["step"], {k: v for k, v in r.items() if k != "step"})
+    writer.close()
+    result = types.SimpleNamespace(
+        step=2, records=metrics.read_jsonl(writer.path),
+        evals={"0": {"eval/success": 0.25}, "2": {"eval/success": 0.5}})
+    with mock.patch.object(sys, "stdout", new=open(os.devnull, "w")):
+      summary = recipe.write_summary(workdir, result, name="TEST", start=0.0)
+    self.assertEqual((summary["success_before"], summary["success_after"]), (0.25, 0.5))
+    self.assertEqual(summary["method"], "TEST")
+    self.assertNotIn("time/step", summary["final"])
+    for name in ("summary.json", "curves.png"):
+      self.assertTrue(os.path.exists(os.path.join(workdir, name)), name)
+
+
+class HeldOutTest(absltest.TestCase):
+
+  def test_held_out_success_of_an_untrained_policy_is_a_rate(self):
+    config = _config(smoke=True)
+    mesh = sharding.make_mesh(config.mesh)
+    tok, graphdef, params = recipe.build_policy(config, mesh)
+    sampler = sampler_lib.Sampler(graphdef, pad_id=tok.pad_id)
+    rate = recipe.evaluator(config, sampler, tok, recipe.make_task(config.task))(params)
+    self.assertBetween(rate["success"], 0.0, 1.0)
+    # A rate over num_problems greedy episodes: a multiple of 1 / num_problems.
+    self.assertAlmostEqual(rate["success"] * config.eval.num_problems % 1, 0.0)
+
+
+if __name__ == "__main__":
+  absltest.main()
