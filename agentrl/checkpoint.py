@@ -13,9 +13,17 @@ killed with SIGKILL (even mid-save) resumes from the last complete step; stale t
 directories are removed when the manager opens. Together with RNG keys derived from
 `fold_in(base_rng, step)`, restoring state + meta reproduces the uninterrupted run exactly.
 
+Integrity. Every save records a checksum of the state's values in `meta` (an exact uint32
+sum of each leaf's bits times its position, computed on device, so it does not depend on how
+the state is sharded) and refuses to write a state with a non-finite float, so a diverged run
+never rotates good checkpoints away. `restore` recomputes the checksum and checks finiteness;
+a checkpoint that fails to read, does not match the run's state structure, or fails those
+checks is skipped with a message saying why, and the newest one that passes is used.
+
 Tested with orbax-checkpoint 0.12.8 on jax 0.10.2 and jax 0.12.
 """
 from collections.abc import Mapping
+import json
 import logging
 import os
 from typing import Any
@@ -72,6 +80,62 @@ def _rewrap_keys(template: Any, restored: Any) -> Any:
   return jax.tree.map(leaf, template, restored)
 
 
+CHECKSUM_KEY = "checksum"  # reserved in meta
+
+
+class CheckpointError(RuntimeError):
+  """No checkpoint in a directory can be restored; the message says why for each."""
+
+
+def _leaf_checksum(x: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """(uint32 checksum of the bits of x, whether every float entry is finite)."""
+  if jnp.issubdtype(x.dtype, jnp.floating):
+    finite = jnp.all(jnp.isfinite(x))
+    width = {2: jnp.uint16, 4: jnp.uint32}.get(x.dtype.itemsize)
+    bits = jax.lax.bitcast_convert_type(x, width) if width else x.astype(jnp.float32).view(
+        jnp.uint32)
+  else:
+    finite = jnp.bool_(True)
+    bits = x
+  bits = bits.astype(jnp.uint32).reshape(-1)
+  # Position weights (odd, so any single flipped bit changes the sum mod 2**32); integer
+  # addition is associative, so the result is exact under any sharding or reduction order.
+  weights = jnp.arange(bits.size, dtype=jnp.uint32) * jnp.uint32(2) + jnp.uint32(1)
+  return jnp.sum(bits * weights, dtype=jnp.uint32), finite
+
+
+@jax.jit
+def _checksums(tree: Any) -> tuple[list[jax.Array], jax.Array]:
+  leaves = [_leaf_checksum(x) for x in jax.tree.leaves(tree)]
+  finite = jnp.all(jnp.stack([f for _, f in leaves])) if leaves else jnp.bool_(True)
+  return [c for c, _ in leaves], finite
+
+
+def checksum(tree: Any) -> tuple[list[int], bool]:
+  """(per-leaf uint32 checksums, whether every float leaf is finite) of a pytree of arrays."""
+  sums, finite = jax.device_get(_checksums(_unwrap_keys(tree)))
+  return [int(c) for c in sums], bool(finite)
+
+
+def _structure_mismatch(saved: Any, template: Any) -> str:
+  """'' if the saved tree's shapes match the template's, else the first difference."""
+  def flat(tree):
+    # Dataclass fields and dict keys name a node the same way: "train/params/w".
+    name = lambda k: str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k))))
+    return {"/".join(name(k) for k in path): leaf
+            for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}
+
+  flat_saved, flat_template = flat(saved), flat(_abstract(template))
+  for key in sorted(set(flat_saved) ^ set(flat_template)):
+    where = "only in the checkpoint" if key in flat_saved else "missing from the checkpoint"
+    return f"state entry {key} is {where}"
+  for key, want in flat_template.items():
+    have = tuple(getattr(flat_saved[key], "shape", ()))
+    if have != tuple(want.shape):
+      return f"state entry {key} has shape {have} in the checkpoint, {tuple(want.shape)} now"
+  return ""
+
+
 class Checkpointer:
   """A small wrapper over `ocp.CheckpointManager` with a state pytree and a JSON meta dict.
 
@@ -97,8 +161,11 @@ class Checkpointer:
     options = ocp.CheckpointManagerOptions(
         max_to_keep=keep,
         enable_async_checkpointing=async_save, cleanup_tmp_directories=True, create=True)
-    self._manager = ocp.CheckpointManager(self.directory, options=options,
-                                          item_names=("state", "meta"))
+    # Handlers named up front, so a reopened manager can read metadata before any save.
+    self._manager = ocp.CheckpointManager(
+        self.directory, options=options,
+        item_handlers={"state": ocp.StandardCheckpointHandler(),
+                       "meta": ocp.JsonCheckpointHandler()})
 
   def latest_step(self) -> int | None:
     """The newest complete checkpoint's step, or None."""
@@ -116,25 +183,68 @@ class Checkpointer:
     """
     if (not force and step % self.save_every) or step in self._manager.all_steps():
       return False
+    sums, finite = checksum(tree)
+    if not finite:
+      logging.warning("Not saving step %d to %s: the state holds NaN or inf; the earlier "
+                      "checkpoints are kept.", step, self.directory)
+      return False
+    # A deep copy now: an async save serializes meta later, and the caller goes on mutating
+    # nested dicts (the loop's evals), which would leak step s+1's values into step s.
+    meta = {**json.loads(json.dumps(dict(meta or {}))), CHECKSUM_KEY: sums}
     args = ocp.args.Composite(state=ocp.args.StandardSave(_unwrap_keys(tree)),
-                              meta=ocp.args.JsonSave(dict(meta or {})))
+                              meta=ocp.args.JsonSave(meta))
     return self._manager.save(int(step), args=args, force=True)
 
   def restore(self, template: Any, step: int | None = None) -> tuple[Any, dict[str, Any]]:
-    """Restores (tree, meta) from `step` (default: latest) onto `template`'s structure.
+    """Restores (tree, meta) from `step`, or the newest checkpoint that passes its checks.
 
     `template` may hold concrete arrays or ShapeDtypeStructs; restored arrays get its
-    shardings, so a run resumes already sharded.
+    shardings, so a run resumes already sharded. A checkpoint that cannot be read, does not
+    match the template's structure, holds NaN/inf or fails its checksum is skipped (logged,
+    with the reason) in favour of the next older one (`meta["step"]` says which was used, if
+    the saver recorded it). Raises CheckpointError naming the directory if none passes (or `step` fails), and
+    FileNotFoundError if there is no checkpoint at all.
     """
-    if step is None:
-      step = self.latest_step()
-    if step is None:
-      raise FileNotFoundError(f"no complete checkpoint in {self.directory}")
     self._manager.wait_until_finished()
+    steps = sorted(self._manager.all_steps(), reverse=True) if step is None else [int(step)]
+    if not steps:
+      raise FileNotFoundError(f"no complete checkpoint in {self.directory}")
+    reasons = []
+    for candidate in steps:
+      try:
+        tree, meta = self._restore_checked(template, candidate)
+      except Exception as e:  # pylint: disable=broad-except
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        reasons.append(f"step {candidate}: {reason}")
+        logging.warning("Skipping checkpoint %s/%d: %s", self.directory, candidate, reason)
+        continue
+      if reasons:
+        print(f"Restored {self.directory}/{candidate}; skipped newer checkpoints: "
+              f"{'; '.join(reasons)}", flush=True)
+      return tree, meta
+    raise CheckpointError(f"no checkpoint in {self.directory} can be restored ("
+                          f"{'; '.join(reasons)}); delete the directory to start over, or "
+                          "restore the run's config if it changed")
+
+  def _restore_checked(self, template: Any, step: int) -> tuple[Any, dict[str, Any]]:
+    saved = self._manager.item_metadata(step)["state"]
+    mismatch = _structure_mismatch(getattr(saved, "tree", saved), template)
+    if mismatch:
+      raise ValueError(f"it does not match this run's state ({mismatch}); the model, "
+                       "optimizer or state layout in the config changed")
     args = ocp.args.Composite(state=ocp.args.StandardRestore(_abstract(template)),
                               meta=ocp.args.JsonRestore())
-    restored = self._manager.restore(int(step), args=args)
-    return _rewrap_keys(template, restored.state), dict(restored.meta)
+    restored = self._manager.restore(step, args=args)
+    tree, meta = _rewrap_keys(template, restored.state), dict(restored.meta)
+    sums, finite = checksum(tree)
+    if not finite:
+      raise ValueError("it holds NaN or inf")
+    expected = meta.pop(CHECKSUM_KEY, None)
+    if expected is not None and list(expected) != sums:
+      bad = next(i for i, (a, b) in enumerate(zip(expected, sums)) if a != b)
+      raise ValueError(f"checksum mismatch in state leaf {bad}: the files were changed or "
+                       "damaged after the save")
+    return tree, meta
 
   def wait(self) -> None:
     self._manager.wait_until_finished()

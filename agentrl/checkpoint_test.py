@@ -1,4 +1,5 @@
 """Tests for agentrl.checkpoint: round trip of a full training tree, interval, keep-N, atomicity."""
+import json
 import os
 import shutil
 import tempfile
@@ -118,6 +119,114 @@ class CheckpointerTest(absltest.TestCase):
       checkpoint.Checkpointer(d, save_every=0)
     with self.assertRaisesRegex(ValueError, "keep must be >= 1"):
       checkpoint.Checkpointer(d, save_every=1, keep=0)
+
+
+def _saved(test, steps=(1, 2), **kwargs):
+  d = _tmpdir(test)
+  ckpt = checkpoint.Checkpointer(d, save_every=1, async_save=False, **kwargs)
+  for step in steps:
+    ckpt.save(step, _tree(step), {"step": step})
+  ckpt.close()
+  return d
+
+
+def _files(directory):
+  for root, _, names in os.walk(directory):
+    for name in names:
+      yield os.path.join(root, name)
+
+
+class IntegrityTest(absltest.TestCase):
+
+  def test_meta_is_copied_at_save_time(self):
+    d = _tmpdir(self)
+    ckpt = checkpoint.Checkpointer(d, save_every=1)  # async: meta is serialized later
+    evals = {"0": {"success": 0.1}}
+    ckpt.save(1, _tree(1), {"evals": evals})
+    evals["2"] = {"success": 0.9}  # what the loop does after the save call returns
+    ckpt.close()
+    _, meta = checkpoint.Checkpointer(d, save_every=1).restore(_tree(0))
+    self.assertEqual(meta["evals"], {"0": {"success": 0.1}})
+
+  def test_checksum_mismatch_falls_back_to_the_previous_step(self):
+    d = _saved(self)
+    changed = 0
+    for path in _files(os.path.join(d, "2", "meta")):  # the JSON file orbax names "metadata"
+      with open(path) as f:
+        text = f.read()
+      if checkpoint.CHECKSUM_KEY in text:
+        meta = json.loads(text)
+        meta[checkpoint.CHECKSUM_KEY][0] += 1
+        with open(path, "w") as f:
+          json.dump(meta, f)
+        changed += 1
+    self.assertEqual(changed, 1)
+    restored, meta = checkpoint.Checkpointer(d, save_every=1).restore(_tree(0))
+    self.assertEqual(meta["step"], 1)
+    np.testing.assert_array_equal(restored["train"].step, 1)
+    with self.assertRaisesRegex(checkpoint.CheckpointError, r"step 2: checksum mismatch"):
+      checkpoint.Checkpointer(d, save_every=1).restore(_tree(0), step=2)
+
+  def test_flipped_bytes_are_detected(self):
+    d = _saved(self)
+    data = [f for f in _files(os.path.join(d, "2", "state")) if f"{os.sep}d{os.sep}" in f]
+    self.assertNotEmpty(data)
+    for path in data:
+      with open(path, "r+b") as f:
+        raw = bytearray(f.read())
+        for i in range(len(raw) // 2, len(raw), 7):  # flip bits across the second half
+          raw[i] ^= 0x10
+        f.seek(0)
+        f.write(raw)
+    restored, meta = checkpoint.Checkpointer(d, save_every=1).restore(_tree(0))
+    self.assertEqual(meta["step"], 1)  # step 2 failed to read or failed its checksum
+    np.testing.assert_array_equal(restored["train"].step, 1)
+
+  def test_damaged_files_fall_back_and_none_left_names_the_directory(self):
+    d = _saved(self)
+    for path in _files(os.path.join(d, "2", "state")):
+      with open(path, "r+b") as f:
+        f.truncate(max(0, os.path.getsize(path) // 3))
+    _, meta = checkpoint.Checkpointer(d, save_every=1).restore(_tree(0))
+    self.assertEqual(meta["step"], 1)
+    for path in _files(os.path.join(d, "1", "state")):
+      os.remove(path)
+    with self.assertRaisesRegex(checkpoint.CheckpointError,
+                                f"no checkpoint in {d} can be restored .*step 2.*step 1"):
+      checkpoint.Checkpointer(d, save_every=1).restore(_tree(0))
+
+  def test_nonfinite_state_is_never_saved_and_good_ones_are_kept(self):
+    d = _tmpdir(self)
+    ckpt = checkpoint.Checkpointer(d, save_every=1, keep=1, async_save=False)
+    self.assertTrue(ckpt.save(1, _tree(1)))
+    bad = _tree(2)
+    bad["dual"]["lam"] = jnp.float32(np.nan)
+    self.assertFalse(ckpt.save(2, bad))
+    self.assertEqual(ckpt.all_steps(), [1])  # keep=1 did not rotate the good one away
+    ckpt.close()
+
+  def test_changed_state_structure_is_named(self):
+    d = _saved(self, steps=(1,))
+    other = _tree(0)
+    other["dual"]["lam"] = jnp.zeros(3)
+    with self.assertRaisesRegex(checkpoint.CheckpointError,
+                                r"dual/lam has shape \(\) in the checkpoint, \(3,\) now"):
+      checkpoint.Checkpointer(d, save_every=1).restore(other)
+
+  def test_checksum_is_exact_and_sharding_independent(self):
+    x = jnp.arange(12, dtype=jnp.float32).reshape(3, 4)
+    sums, finite = checkpoint.checksum({"x": x})
+    self.assertTrue(finite)
+    flipped = x.at[2, 3].set(np.nextafter(np.float32(11.0), np.float32(12.0)))  # one ulp
+    self.assertNotEqual(checkpoint.checksum({"x": flipped})[0], sums)
+    mesh = jax.make_mesh((jax.device_count(),), ("d",),
+                         axis_types=(jax.sharding.AxisType.Auto,))
+    if 16 % jax.device_count() == 0:
+      sharded = jax.device_put(jnp.arange(16.0), jax.sharding.NamedSharding(
+          mesh, jax.sharding.PartitionSpec("d")))
+      self.assertEqual(checkpoint.checksum({"x": sharded})[0],
+                       checkpoint.checksum({"x": jnp.arange(16.0)})[0])
+    self.assertFalse(checkpoint.checksum({"x": x.at[0, 0].set(np.inf)})[1])
 
 
 class ReadSubtreeTest(absltest.TestCase):

@@ -169,7 +169,8 @@ def gradient_step(loss_fn: Callable, tx, *, with_step: bool = False) -> Callable
 
 
 def skip_nonfinite(update_step: Callable) -> Callable:
-  """Wraps update_step(state, batch): a non-finite loss or `*grad_norm` keeps the old state.
+  """Wraps update_step(state, batch): a non-finite loss, `*grad_norm`, new params or optimizer
+  state keeps the old state.
 
   Apply before `jax.jit(..., donate_argnames="state")`: the state is donated, so the choice
   between the old and the new state has to happen inside the compiled step. The returned
@@ -182,6 +183,10 @@ def skip_nonfinite(update_step: Callable) -> Callable:
     for key in metrics:  # grad_norm, and per-group norms such as PPO's value_grad_norm
       if key.endswith("grad_norm"):
         ok &= jnp.isfinite(metrics[key])
+    # Finite gradients can still overflow in the optimizer (a huge Adam step, a bad moment).
+    for leaf in jax.tree.leaves(new_state):
+      if jnp.issubdtype(leaf.dtype, jnp.floating):
+        ok &= jnp.all(jnp.isfinite(leaf))
     state = jax.tree.map(lambda new, old: jnp.where(ok, new, old), new_state, state)
     return state, {**metrics, "skipped": (~ok).astype(jnp.float32)}
 
@@ -215,6 +220,28 @@ def _mean_metrics(per_update: Sequence[Mapping[str, Any]]) -> dict[str, float]:
   return out
 
 
+class TrainingStopped(RuntimeError):
+  """The run diverged or collapsed; the message says why and which checkpoint to go back to."""
+
+
+def _unhealthy(record: Mapping[str, Any], updates: int, entropy_floor: float) -> str:
+  """'' for a healthy step, else "skipped" (every update dropped) or "collapsed"."""
+  if record.get("skipped", 0.0) >= updates:
+    return "skipped"
+  if record.get("grad_norm", 1.0) == 0.0 and record.get("entropy", math.inf) <= entropy_floor:
+    return "collapsed"
+  return ""
+
+
+_STOP_ADVICE = {
+    "skipped": "every update of the last {n} steps was skipped for a non-finite loss, gradient "
+               "or new state; lower optim.lr or check the reward",
+    "collapsed": "for {n} steps the policy was deterministic (entropy <= {floor}) and the "
+                 "gradient exactly 0, so RL cannot move it; raise the sampling temperature or "
+                 "restart from an earlier checkpoint",
+}
+
+
 @dataclasses.dataclass
 class Result:
   state: Any
@@ -234,7 +261,8 @@ def run(state, *, rng: jax.Array, total_steps: int, workdir: str,
         evaluate: Callable[[Any], dict[str, float]] | None = None, eval_every: int = 0,
         save_every: int = 50, keep: int = 2, async_save: bool = True,
         tensorboard: bool = True, wandb: Mapping[str, Any] | None = None,
-        console: bool = True) -> Result:
+        console: bool = True, stop_after_skipped: int = 10, stop_after_collapsed: int = 20,
+        entropy_floor: float = 1e-3) -> Result:
   """Runs RL steps 1..total_steps from scratch or from the newest checkpoint in workdir/ckpt.
 
   Args:
@@ -250,6 +278,10 @@ def run(state, *, rng: jax.Array, total_steps: int, workdir: str,
     evaluate: params -> metrics (e.g. held-out greedy success), run before step 1, every
       `eval_every` steps and after the last; logged with an "eval/" prefix.
     save_every, keep, async_save: checkpoint cadence (the last step is always saved).
+    stop_after_skipped, stop_after_collapsed: raise TrainingStopped after that many
+      consecutive steps in which every update was skipped, or the gradient norm was exactly 0
+      with the sampled tokens' entropy <= `entropy_floor` (0 disables either). Such steps are
+      never checkpointed, so the last checkpoints hold the state from before the trouble.
   """
   start = time.perf_counter()
   ckpt = checkpoint_lib.Checkpointer(f"{workdir}/ckpt", save_every=save_every, keep=keep,
@@ -266,6 +298,8 @@ def run(state, *, rng: jax.Array, total_steps: int, workdir: str,
                               resume_step=step if step else None)
   if evaluate is not None and "0" not in evals:
     evals["0"] = _prefixed(evaluate(state.params))
+  limits = {"skipped": stop_after_skipped, "collapsed": stop_after_collapsed}
+  streak, last_saved = {"skipped": 0, "collapsed": 0}, step
   try:
     while step < total_steps:
       step += 1
@@ -275,8 +309,17 @@ def run(state, *, rng: jax.Array, total_steps: int, workdir: str,
         evals[str(step)] = _prefixed(evaluate(state.params))
         record.update(evals[str(step)])
       writer.write(step, record)
-      meta = {"step": step, "evals": evals, "data": data.state() if data is not None else {}}
-      ckpt.save(step, {"state": state, "rng": rng}, meta, force=step == total_steps)
+      trouble = _unhealthy(record, epochs * num_minibatches, entropy_floor)
+      streak = {k: streak[k] + 1 if k == trouble else 0 for k in streak}
+      if trouble and limits[trouble] and streak[trouble] >= limits[trouble]:
+        why = _STOP_ADVICE[trouble].format(n=streak[trouble], floor=entropy_floor)
+        raise TrainingStopped(f"stopped at step {step}: {why}. The last checkpoint is "
+                              f"{ckpt.directory}/{last_saved}" if last_saved else
+                              f"stopped at step {step}: {why}. No checkpoint was written.")
+      if not trouble:
+        meta = {"step": step, "evals": evals, "data": data.state() if data is not None else {}}
+        if ckpt.save(step, {"state": state, "rng": rng}, meta, force=step == total_steps):
+          last_saved = step
   finally:
     ckpt.close()
     writer.close()

@@ -5,6 +5,7 @@ Each row of a batch is one pull: token 1 of the row is the arm, its log-prob com
 softmax over 4 logits, and arm 3 pays 1. The shared driver must make the reward go up, skip
 non-finite updates, and resume from a checkpoint to exactly the uninterrupted run's records.
 """
+import os
 import shutil
 import tempfile
 
@@ -41,10 +42,11 @@ def _logp(params, batch):
 class _Bandit:
   """rollout/score/advantage/update functions of a softmax bandit, plus a data stream."""
 
-  def __init__(self, nan_at_step: int | None = None):
+  def __init__(self, nan_at_step: int | None = None, nan_from_step: int | None = None,
+               reward: float | None = None):
     self.data = stream.PromptStream(generators.GeneratorSource(lambda s: {"prompt": str(s)}),
                                     shuffle=False)
-    self.nan_at_step = nan_at_step
+    self.nan_at_step, self.nan_from_step, self.reward = nan_at_step, nan_from_step, reward
     self.tx = optax.sgd(0.5)
 
   def rollout(self, params, rng, step):
@@ -53,7 +55,9 @@ class _Bandit:
     arms_B = jax.random.categorical(key, params["logits"], shape=(B,))
     tokens_BT = jnp.stack([jnp.zeros(B, jnp.int32), arms_B.astype(jnp.int32)], axis=1)
     reward_B = (arms_B == 3).astype(jnp.float32)
-    if step == self.nan_at_step:
+    if self.reward is not None:  # a constant reward: no advantage, no gradient
+      reward_B = jnp.full((B,), self.reward)
+    if step == self.nan_at_step or (self.nan_from_step and step >= self.nan_from_step):
       reward_B = reward_B * jnp.nan
     batch = types.Batch(tokens_BT=tokens_BT, positions_BT=jnp.zeros((B, T), jnp.int32),
                         input_mask_BT=jnp.ones((B, T), bool),
@@ -117,6 +121,24 @@ class RunTest(absltest.TestCase):
     self.assertTrue(np.all(np.isfinite(result.state.params["logits"])))
     self.assertEqual(int(result.state.step), 2)  # the skipped update did not count
 
+  def test_diverged_run_stops_and_keeps_the_last_good_checkpoint(self):
+    workdir = _tmpdir(self)
+    with self.assertRaisesRegex(loop.TrainingStopped,
+                                r"stopped at step 5: every update of the last 3 steps was "
+                                r"skipped.*The last checkpoint is .*/ckpt/2$"):
+      _Bandit(nan_from_step=3).run(workdir, total_steps=10, save_every=1, keep=2,
+                                   stop_after_skipped=3)
+    self.assertEqual(sorted(os.listdir(os.path.join(workdir, "ckpt"))), ["1", "2"])
+
+  def test_collapsed_policy_stops(self):
+    # The bandit's score step reports entropy 0; a constant reward gives a zero gradient.
+    with self.assertRaisesRegex(loop.TrainingStopped, r"stopped at step 2: for 2 steps the "
+                                r"policy was deterministic.*No checkpoint was written"):
+      _Bandit(reward=1.0).run(_tmpdir(self), total_steps=5, save_every=1,
+                              stop_after_collapsed=2)
+    result = _Bandit(reward=1.0).run(_tmpdir(self), total_steps=3, stop_after_collapsed=0)
+    self.assertEqual(result.step, 3)  # 0 disables the check
+
   def test_resume_reproduces_uninterrupted_records(self):
     full = _Bandit().run(_tmpdir(self), total_steps=6, save_every=2, num_minibatches=2)
     workdir = _tmpdir(self)
@@ -145,6 +167,15 @@ class HelpersTest(absltest.TestCase):
     with self.assertRaisesRegex(ValueError, "minibatches=3 must divide the batch size 8"):
       loop.minibatches(batch, num=3, rng=None)
 
+
+  def test_skip_nonfinite_checks_the_new_state(self):
+    def update_step(state, batch):  # finite loss and gradient, but the step overflows
+      return {"w": state["w"] * batch}, {"loss": jnp.float32(1.0), "grad_norm": jnp.float32(1.0)}
+
+    guarded = jax.jit(loop.skip_nonfinite(update_step))
+    new, metrics = guarded({"w": jnp.full(2, 1e30)}, jnp.float32(1e30))
+    np.testing.assert_array_equal(new["w"], np.float32(1e30))
+    self.assertEqual(float(metrics["skipped"]), 1.0)
 
   def test_gradient_step_is_one_optimizer_step(self):
     tx = optax.adam(0.1)

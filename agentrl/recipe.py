@@ -11,17 +11,16 @@ An experiment file (experiments/<method>.py) holds its config, its loss composit
 Every block here takes explicit values or the one sub-config it names, so forking the loop is
 copying the experiment file and rearranging these calls; nothing here imports an experiment.
 What every run writes (config.json, metrics.jsonl, TensorBoard, summary.json, curves.png,
-checkpoints, W&B when `log.wandb_project` is set) comes from `write_config`, `loop_options`
-and `write_summary`, so a fork that keeps those three calls keeps every artifact.
+checkpoints, W&B when `log.wandb_project` is set) comes from `rundir.write_config`,
+`loop_options` and `rundir.write_summary`, so a fork that keeps those three calls keeps every
+artifact.
 
 `rl_config(preset, smoke=...)` is the config every RL experiment starts from (all keys but
 `loss`, which each experiment writes out in full); `RL_SCHEMA` validates it.
 """
 from collections.abc import Callable
 import functools
-import json
 import os
-import time
 
 from flax import nnx
 import jax
@@ -32,7 +31,6 @@ import optax
 from agentrl import checkpoint
 from agentrl import configs
 from agentrl import loop
-from agentrl import metrics as metrics_lib
 from agentrl import sharding
 from agentrl import sft
 from agentrl.data import generators
@@ -83,7 +81,9 @@ def rl_config(preset: str = "cpu", *, smoke: bool = False) -> mlc.ConfigDict:
   c.rollout = dict(prompts_per_step=64, group_size=8, max_new_tokens=6, max_len=16,
                    temperature=1.0)
   c.optim = dict(lr=1e-3, b2=0.99, clip_norm=1.0, warmup_steps=0)
-  c.updates = dict(epochs=1, minibatches=2)
+  # The loop stops (exit 1) after this many consecutive steps whose every update was skipped
+  # as non-finite, or with a zero gradient and a deterministic policy; 0 never stops.
+  c.updates = dict(epochs=1, minibatches=2, stop_after_skipped=10, stop_after_collapsed=20)
   c.eval = dict(num_problems=1000, every=25)
   c.mesh = dict(data=1, fsdp=1, tensor=1)
   c.sharding_rules = list(sharding.DEFAULT_RULES)
@@ -154,6 +154,8 @@ RL_SCHEMA = {
     "optim.warmup_steps": configs.Key(int, min=0),
     "updates.epochs": configs.Key(int, min=1),
     "updates.minibatches": configs.Key(int, min=1),
+    "updates.stop_after_skipped": configs.Key(int, min=0),
+    "updates.stop_after_collapsed": configs.Key(int, min=0),
     "eval.num_problems": configs.Key(int, min=1),
     "eval.every": configs.Key(int, min=0),
     "mesh": configs.Key(dict),
@@ -186,29 +188,15 @@ def validate(config: mlc.ConfigDict, schema) -> None:
                   "safetensors) for model.init='hf'")
 
 
-def write_config(config: mlc.ConfigDict, workdir: str) -> float:
-  """Writes <workdir>/config.json (what experiments/eval.py reads); returns the start time."""
-  os.makedirs(workdir, exist_ok=True)
-  path = os.path.join(workdir, "config.json")
-  with open(path + ".tmp", "w") as f:
-    f.write(config.to_json(indent=2))
-  os.replace(path + ".tmp", path)  # atomic: a reader never sees half a file
-  return time.perf_counter()
-
-
-def read_config(run_dir: str) -> mlc.ConfigDict:
-  """The config.json that `write_config` left in a run's workdir."""
-  with open(os.path.join(run_dir, "config.json")) as f:
-    return mlc.ConfigDict(json.load(f))
-
-
 def loop_options(config: mlc.ConfigDict) -> dict:
-  """`loop.run`'s update, evaluation and logging keywords from config.updates/eval/log."""
+  """`loop.run`'s update, stop, evaluation and logging keywords from config.updates/eval/log."""
   lc = config.log
   wandb = {"project": lc.wandb_project, "config": config.to_dict()} if lc.wandb_project else None
-  return dict(epochs=config.updates.epochs, num_minibatches=config.updates.minibatches,
-              eval_every=config.eval.every, save_every=lc.save_every, keep=lc.keep,
-              tensorboard=lc.tensorboard, wandb=wandb)
+  uc = config.updates
+  return dict(epochs=uc.epochs, num_minibatches=uc.minibatches, eval_every=config.eval.every,
+              save_every=lc.save_every, keep=lc.keep, tensorboard=lc.tensorboard, wandb=wandb,
+              stop_after_skipped=uc.stop_after_skipped,
+              stop_after_collapsed=uc.stop_after_collapsed)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -356,35 +344,3 @@ def evaluator(config: mlc.ConfigDict, sampler, tok, make_env) -> Callable:
         max_new_tokens=rc.max_new_tokens, max_len=rc.max_len, chat_template=tc.chat_template)}
 
   return evaluate
-
-
-# ---------------------------------------------------------------------------------------------
-# Summary.
-# ---------------------------------------------------------------------------------------------
-CURVES = ("reward", "success", "kl", "entropy", "clipfrac", "loss", "grad_norm",
-          "groups_with_signal", "eval/success")
-
-
-def write_summary(workdir: str, result: loop.Result, *, name: str, start: float,
-                  sft_info: dict | None = None) -> dict:
-  """Prints the before/after table and writes summary.json and curves.png."""
-  wall_seconds = time.perf_counter() - start
-  before = result.evals["0"]["eval/success"]
-  after = result.evals[str(result.step)]["eval/success"]
-  summary = {"method": name, "success_before": before, "success_after": after,
-             "steps": result.step, "wall_seconds": wall_seconds, "sft": sft_info or {},
-             "final": {k: v for k, v in result.records[-1].items()
-                       if k not in loop.TIMING_KEYS}}
-  with open(os.path.join(workdir, "summary.json"), "w") as f:
-    json.dump(summary, f, indent=2)
-  metrics_lib.plot_curves(result.records, os.path.join(workdir, "curves.png"), list(CURVES),
-                          title=name)
-  print(metrics_lib.summary_table(result.records, ["reward", "success", "kl", "entropy",
-                                                   "clipfrac", "grad_norm"]))
-  print()
-  print(metrics_lib.format_table(
-      ["held-out greedy success", "before RL", "after RL", "change"],
-      [[f"{len(result.evals)} evals", f"{before:.1%}", f"{after:.1%}",
-        f"{100 * (after - before):+.1f} points"]]))
-  print(f"\n{name}: {result.step} steps in {wall_seconds:.0f}s -> {workdir}")
-  return summary

@@ -1,16 +1,10 @@
-"""Tests for agentrl.recipe: presets, validation, task construction, workdir artifacts."""
-import json
-import os
+"""Tests for agentrl.recipe: presets, validation, task and policy construction, evaluation."""
 import shutil
-import sys
 import tempfile
-import types
-from unittest import mock
 
 from absl.testing import absltest
 from absl.testing import parameterized
 from agentrl import configs
-from agentrl import metrics
 from agentrl import recipe
 from agentrl import sharding
 from agentrl.rollout import sampler as sampler_lib
@@ -99,37 +93,6 @@ class TaskAndPolicyTest(absltest.TestCase):
     config.task.family, config.task.max_turns = "guess", 2
     tok2 = recipe.task_tokenizer(config.task)
     self.assertGreater(tok2.vocab_size, tok.vocab_size)
-
-
-class WorkdirTest(absltest.TestCase):
-
-  def test_config_json_round_trips_and_is_written_atomically(self):
-    workdir = os.path.join(_tmpdir(self), "run")
-    config = _config(smoke=True)
-    recipe.write_config(config, workdir)
-    # JSON has no tuples: compare both sides as JSON.
-    self.assertEqual(json.loads(recipe.read_config(workdir).to_json()),
-                     json.loads(config.to_json()))
-    self.assertEqual(os.listdir(workdir), ["config.json"])  # no temporary file left behind
-
-  def test_summary_table_and_files(self):
-    workdir = _tmpdir(self)
-    records = [{"step": s, "reward": 0.1 * s, "success": 0.1 * s, "loss": 1.0 / s,
-                "time/step": 1.0} for s in (1, 2)]
-    writer = metrics.Writer(workdir, total_steps=2, tensorboard=False, console=False)
-    for r in records:
-      writer.write(r["step"], {k: v for k, v in r.items() if k != "step"})
-    writer.close()
-    result = types.SimpleNamespace(
-        step=2, records=metrics.read_jsonl(writer.path),
-        evals={"0": {"eval/success": 0.25}, "2": {"eval/success": 0.5}})
-    with mock.patch.object(sys, "stdout", new=open(os.devnull, "w")):
-      summary = recipe.write_summary(workdir, result, name="TEST", start=0.0)
-    self.assertEqual((summary["success_before"], summary["success_after"]), (0.25, 0.5))
-    self.assertEqual(summary["method"], "TEST")
-    self.assertNotIn("time/step", summary["final"])
-    for name in ("summary.json", "curves.png"):
-      self.assertTrue(os.path.exists(os.path.join(workdir, name)), name)
 
 
 class HeldOutTest(absltest.TestCase):

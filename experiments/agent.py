@@ -44,10 +44,12 @@ from ml_collections import config_flags
 import numpy as np
 
 from agentrl import advantages
+from agentrl import cli
 from agentrl import configs
 from agentrl import distributed
 from agentrl import loop
 from agentrl import recipe
+from agentrl import rundir
 from agentrl import sharding
 from agentrl import types
 from agentrl.envs import hidden_rule
@@ -217,7 +219,7 @@ def make_rollout_fn(config, sampler, tok, make_env, data, mesh, probe_step):
 def train(config: mlc.ConfigDict, workdir: str) -> dict:
   """A2TGPO end to end; returns the summary written to <workdir>/summary.json."""
   recipe.validate(config, SCHEMA)
-  start = recipe.write_config(config, workdir)
+  start = rundir.write_config(config, workdir)
   rc, mesh = config.rollout, sharding.make_mesh(config.mesh)
   make_env = recipe.make_task(config.task)
 
@@ -247,16 +249,16 @@ def train(config: mlc.ConfigDict, workdir: str) -> dict:
         score_fn=lambda params, batch: score_step(params, ref_params, batch),
         advantage_fn=jax.jit(make_advantage_fn(config)), update_fn=update_step, data=data,
         evaluate=recipe.evaluator(config, sampler, tok, make_env), **recipe.loop_options(config))
-  return recipe.write_summary(workdir, result, name="A2TGPO", start=start)
+  return rundir.write_summary(workdir, result, name="A2TGPO", start=start)
 
 
 def main(argv):
   del argv
   distributed.initialize_distributed()  # no-op unless launched multi-process
-  train(_CONFIG.value, _WORKDIR.value)
+  cli.run(train, _CONFIG.value, _WORKDIR.value)  # user errors: one line, not a traceback
 
 
 if __name__ == "__main__":
   _CONFIG = config_flags.DEFINE_config_file("config", __file__, lock_config=True)
   _WORKDIR = flags.DEFINE_string("workdir", "runs/agent", "Output directory.")
-  app.run(main)
+  app.run(main, flags_parser=cli.parse_flags)

@@ -5,7 +5,7 @@ r"""Held-out success rate and pass@k of any checkpoint of any RL experiment's ru
   python -m experiments.eval --config.run_dir=runs/dapo --config.step=50 --workdir=runs/eval
   python -m experiments.eval --config=experiments/eval.py:smoke --config.run_dir=/tmp/grpo
 
-Reads <run_dir>/config.json (every RL experiment writes it with `recipe.write_config`),
+Reads <run_dir>/config.json (every RL experiment writes it with `rundir.write_config`),
 rebuilds the tokenizer and model, reads only the policy's params of checkpoint `step`
 ("latest", a step number, or "warm_start" for the SFT policy before RL) read-only, so neither
 the run's optimizer nor its extra state (a critic, a replay batch) is needed and a live run is
@@ -41,11 +41,13 @@ from ml_collections import config_flags
 import numpy as np
 
 from agentrl import checkpoint
+from agentrl import cli
 from agentrl import configs
 from agentrl import distributed
 from agentrl import loop
 from agentrl import metrics as metrics_lib
 from agentrl import recipe
+from agentrl import rundir
 from agentrl import sharding
 from agentrl.models import hf
 from agentrl.models import tokenizer as tokenizer_lib
@@ -164,7 +166,7 @@ def evaluate(config, run_config, sampler, tok, make_env, params) -> dict[str, fl
 def train(config: mlc.ConfigDict, workdir: str) -> dict:
   """Evaluates the checkpoint; `train` by name so the smoke test treats every binary alike."""
   validate(config)
-  run_config = recipe.read_config(config.run_dir)
+  run_config = rundir.read_config(config.run_dir)
   mesh = sharding.make_mesh(run_config.mesh)
   tok, graphdef, params = recipe.build_policy(run_config, mesh)
   if config.model_path:
@@ -191,10 +193,10 @@ def train(config: mlc.ConfigDict, workdir: str) -> dict:
 def main(argv):
   del argv
   distributed.initialize_distributed()  # no-op unless launched multi-process
-  train(_CONFIG.value, _WORKDIR.value)
+  cli.run(train, _CONFIG.value, _WORKDIR.value)  # user errors: one line, not a traceback
 
 
 if __name__ == "__main__":
   _CONFIG = config_flags.DEFINE_config_file("config", __file__, lock_config=True)
   _WORKDIR = flags.DEFINE_string("workdir", "runs/eval", "Output directory.")
-  app.run(main)
+  app.run(main, flags_parser=cli.parse_flags)

@@ -19,10 +19,12 @@ import ml_collections as mlc
 from ml_collections import config_flags
 
 from agentrl import advantages
+from agentrl import cli
 from agentrl import configs
 from agentrl import distributed
 from agentrl import loop
 from agentrl import recipe
+from agentrl import rundir
 from agentrl import sharding
 from agentrl import types
 from agentrl.losses import aggregation
@@ -94,7 +96,7 @@ def make_advantage_fn(config):
 def train(config: mlc.ConfigDict, workdir: str) -> dict:
   """HölderPO end to end; returns the summary written to <workdir>/summary.json."""
   recipe.validate(config, SCHEMA)
-  start = recipe.write_config(config, workdir)
+  start = rundir.write_config(config, workdir)
   rc, mesh = config.rollout, sharding.make_mesh(config.mesh)
   make_env = recipe.make_task(config.task)
 
@@ -124,16 +126,16 @@ def train(config: mlc.ConfigDict, workdir: str) -> dict:
         score_fn=lambda params, batch: score_step(params, ref_params, batch),
         advantage_fn=jax.jit(make_advantage_fn(config)), update_fn=update_step, data=data,
         evaluate=recipe.evaluator(config, sampler, tok, make_env), **recipe.loop_options(config))
-  return recipe.write_summary(workdir, result, name="HölderPO", start=start, sft_info=sft_info)
+  return rundir.write_summary(workdir, result, name="HölderPO", start=start, sft_info=sft_info)
 
 
 def main(argv):
   del argv
   distributed.initialize_distributed()  # no-op unless launched multi-process
-  train(_CONFIG.value, _WORKDIR.value)
+  cli.run(train, _CONFIG.value, _WORKDIR.value)  # user errors: one line, not a traceback
 
 
 if __name__ == "__main__":
   _CONFIG = config_flags.DEFINE_config_file("config", __file__, lock_config=True)
   _WORKDIR = flags.DEFINE_string("workdir", "runs/holder_po", "Output directory.")
-  app.run(main)
+  app.run(main, flags_parser=cli.parse_flags)

@@ -30,10 +30,12 @@ import optax
 
 from agentrl import advantages
 from agentrl import checkpoint
+from agentrl import cli
 from agentrl import configs
 from agentrl import distributed
 from agentrl import loop
 from agentrl import recipe
+from agentrl import rundir
 from agentrl import sharding
 from agentrl import types
 from agentrl.envs import arithmetic
@@ -201,7 +203,7 @@ def reward_model_rollout_fn(rollout_fn, score, rm_params):
 def train(config: mlc.ConfigDict, workdir: str) -> dict:
   """Phase 1 (reward model), then GRPO on its scores; returns the GRPO summary."""
   recipe.validate(config, SCHEMA)
-  start = recipe.write_config(config, workdir)
+  start = rundir.write_config(config, workdir)
   rc, mesh = config.rollout, sharding.make_mesh(config.mesh)
   make_env = recipe.make_task(config.task)
 
@@ -235,17 +237,17 @@ def train(config: mlc.ConfigDict, workdir: str) -> dict:
         score_fn=lambda params, batch: score_step(params, ref_params, batch),
         advantage_fn=jax.jit(make_advantage_fn(config)), update_fn=update_step, data=data,
         evaluate=recipe.evaluator(config, sampler, tok, make_env), **recipe.loop_options(config))
-  return recipe.write_summary(workdir, result, name="GRPO on a learned reward", start=start,
+  return rundir.write_summary(workdir, result, name="GRPO on a learned reward", start=start,
                               sft_info=sft_info)
 
 
 def main(argv):
   del argv
   distributed.initialize_distributed()  # no-op unless launched multi-process
-  train(_CONFIG.value, _WORKDIR.value)
+  cli.run(train, _CONFIG.value, _WORKDIR.value)  # user errors: one line, not a traceback
 
 
 if __name__ == "__main__":
   _CONFIG = config_flags.DEFINE_config_file("config", __file__, lock_config=True)
   _WORKDIR = flags.DEFINE_string("workdir", "runs/reward_model", "Output directory.")
-  app.run(main)
+  app.run(main, flags_parser=cli.parse_flags)

@@ -21,10 +21,12 @@ import ml_collections as mlc
 from ml_collections import config_flags
 
 from agentrl import checkpoint
+from agentrl import cli
 from agentrl import configs
 from agentrl import distributed
 from agentrl import metrics as metrics_lib
 from agentrl import recipe
+from agentrl import rundir
 from agentrl import sft
 from agentrl import sharding
 from agentrl.envs import arithmetic
@@ -62,7 +64,7 @@ SCHEMA = {
 def train(config: mlc.ConfigDict, workdir: str) -> dict:
   """SFT from scratch; writes metrics.jsonl, a params checkpoint and summary.json."""
   configs.validate(config, SCHEMA)
-  recipe.write_config(config, workdir)
+  rundir.write_config(config, workdir)
   tok = arithmetic.build_tokenizer(config.task.digits)
   mesh = sharding.make_mesh(config.mesh)
   cfg = recipe.model_config(config.model, tok.vocab_size)
@@ -90,10 +92,10 @@ def train(config: mlc.ConfigDict, workdir: str) -> dict:
 def main(argv):
   del argv
   distributed.initialize_distributed()  # no-op unless launched multi-process
-  train(_CONFIG.value, _WORKDIR.value)
+  cli.run(train, _CONFIG.value, _WORKDIR.value)  # user errors: one line, not a traceback
 
 
 if __name__ == "__main__":
   _CONFIG = config_flags.DEFINE_config_file("config", __file__, lock_config=True)
   _WORKDIR = flags.DEFINE_string("workdir", "runs/sft", "Output directory.")
-  app.run(main)
+  app.run(main, flags_parser=cli.parse_flags)

@@ -28,6 +28,7 @@ import optax
 from agentrl import configs
 from agentrl import metrics
 from agentrl import recipe
+from agentrl import rundir
 from agentrl import sharding
 from agentrl.losses import schedules
 from agentrl.models import presets
@@ -110,7 +111,7 @@ class SmokeTest(parameterized.TestCase):
     self.assertEqual([step for step, _ in calls["log"]], [r["step"] for r in records], name)
     self.assertEqual(calls["finish"], 1, name)
     # The run's config.json is the config it ran, and experiments.eval can read the run.
-    self.assertEqual(json.loads(recipe.read_config(workdir).to_json()),
+    self.assertEqual(json.loads(rundir.read_config(workdir).to_json()),
                      json.loads(config.to_json()))
     evaluation = importlib.import_module("experiments.eval")
     eval_config = evaluation.get_config("smoke")

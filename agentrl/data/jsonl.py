@@ -2,8 +2,10 @@
 
 Each non-blank line must be a JSON object with a non-empty string "prompt" (and any other
 `required` keys). A bad line raises ValueError naming the file and the 1-based line number,
-so a broken dataset fails at load time instead of mid-run.
+so a broken dataset fails at load time instead of mid-run: invalid UTF-8 (with the byte
+offset), over-deep nesting and bad JSON alike. A UTF-8 byte-order mark is accepted.
 """
+import codecs
 from collections.abc import Sequence
 import json
 import os
@@ -26,14 +28,24 @@ def read_jsonl(path: str, *, required: Sequence[str] = ("prompt",)) -> list[dict
   if not os.path.isfile(path):
     raise FileNotFoundError(f"JSONL file not found: {path!r}")
   entries = []
-  with open(path, encoding="utf-8") as f:
-    for lineno, line in enumerate(f, start=1):
+  with open(path, "rb") as f:
+    for lineno, raw in enumerate(f, start=1):
+      if lineno == 1 and raw.startswith(codecs.BOM_UTF8):
+        raw = raw[len(codecs.BOM_UTF8):]  # editors on Windows write a byte-order mark
+      try:
+        line = raw.decode("utf-8")
+      except UnicodeDecodeError as e:
+        raise ValueError(f"{path}:{lineno}: invalid UTF-8 at byte {e.start} of the line "
+                         f"({raw[e.start:e.start + 4]!r}); save the file as UTF-8.") from None
       if not line.strip():
         continue
       try:
         entry = json.loads(line)
       except json.JSONDecodeError as e:
         raise ValueError(f"{path}:{lineno}: invalid JSON ({e.msg} at column {e.colno}).") from e
+      except RecursionError:
+        raise ValueError(f"{path}:{lineno}: JSON nested too deeply to read; flatten the "
+                         "entry.") from None
       entries.append(_check(entry, path, lineno, required))
   if not entries:
     raise ValueError(f"{path}: no entries; expected one JSON object per line.")

@@ -41,6 +41,20 @@ class JsonlTest(parameterized.TestCase):
     with self.assertRaisesRegex(ValueError, rf"{path}{message}" if message[0] == ":" else message):
       jsonl.read_jsonl(path)
 
+  def test_bom_bad_utf8_and_deep_nesting(self):
+    path = self._write("")
+    with open(path, "wb") as f:
+      f.write(b'\xef\xbb\xbf{"prompt": "with a BOM"}\n')
+    self.assertEqual(jsonl.read_jsonl(path), [{"prompt": "with a BOM"}])
+    with open(path, "wb") as f:
+      f.write(b'{"prompt": "ok"}\n{"prompt": "\xff"}\n')
+    with self.assertRaisesRegex(ValueError, rf"^{path}:2: invalid UTF-8 at byte 12"):
+      jsonl.read_jsonl(path)
+    with open(path, "w") as f:
+      f.write("[" * 100_000 + "\n")
+    with self.assertRaisesRegex(ValueError, rf"^{path}:1: JSON nested too deeply"):
+      jsonl.read_jsonl(path)
+
   def test_required_keys(self):
     path = self._write('{"prompt": "a", "answer": "1"}\n{"prompt": "b"}\n')
     with self.assertRaisesRegex(ValueError, r":2: missing key\(s\) \['answer'\]"):

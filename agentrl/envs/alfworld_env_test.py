@@ -70,6 +70,19 @@ class AlfWorldEnvTest(absltest.TestCase):
     with self.assertRaisesRegex(FileNotFoundError, "ALFWORLD_DATA"):
       alfworld_env.find_games(os.path.join(root, "pick", "trial_0", "empty"))
 
+  def test_isolated_matches_in_process_and_refuses_unsafe_commands(self):
+    remote = alfworld_env.AlfWorldEnv.isolated(pool=self.pool, max_turns=30,
+                                               policy_commands=True)
+    self.addCleanup(remote.close)
+    self.assertEqual((remote.system_prompt, remote.max_turns), (alfworld_env.SYSTEM_PROMPT, 30))
+    self.assertEqual(remote.reset(0), self.first_obs)
+    self.env.reset(0)
+    for command in ["look", self.env._state["policy_commands"][0]]:
+      self.assertEqual(remote.step(command), self.env.step(command))
+    obs, reward, done, info = remote.step("take apple\x00")
+    self.assertEqual((reward, done, info["unsafe_action"]), (0.0, False, True))
+    self.assertIn("'\\x00'", obs)
+
   def test_bad_task_type(self):
     with self.assertRaisesRegex(ValueError, "pick_and_place_simple"):
       alfworld_env.make_problem(0, task_types=("juggle",))

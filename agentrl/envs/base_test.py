@@ -49,6 +49,13 @@ class ProtocolTest(absltest.TestCase):
       registry.make("chess")
     self.assertIs(registry.ENVS["calculator"], type(registry.make("calculator")))
 
+  def test_registry_passes_an_env_argument_called_name(self):
+    try:
+      env = registry.make("reasoning_gym", name="basic_arithmetic")
+    except ImportError:
+      self.skipTest("needs reasoning-gym (the envs extra)")
+    self.assertIsInstance(env.reset(0), str)
+
 
 class NoJaxTest(absltest.TestCase):
 

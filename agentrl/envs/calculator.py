@@ -17,9 +17,9 @@ import ast
 import math
 import operator
 import random
-import re
 
 from agentrl.envs import base
+from agentrl.rewards import extract
 from agentrl.rewards import verifiers
 
 MAX_CHARS = 200
@@ -38,8 +38,6 @@ SYSTEM_PROMPT = (
     "comes back as <result>value</result>. Expressions may use numbers, + - * / // % ** and "
     "parentheses. When you know the final answer, write <answer>number</answer>.")
 
-_CALC_RE = re.compile(r"<calc>(.*?)</calc>", re.DOTALL)
-_ANSWER_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 
 
 class CalcError(ValueError):
@@ -134,6 +132,9 @@ class CalculatorEnv:
 
   Per-turn rewards: 1.0 on the correct final answer, `format_penalty` (<= 0) on a turn with
   neither a tool call nor an answer, 0.0 otherwise. info adds "tool_calls" and "tool_errors".
+  An action is parsed in linear time, and only its last `extract.MAX_TEXT_CHARS` characters
+  (a tool call or answer written before them is not seen); in those, the first <answer> pair
+  wins over any <calc> pair.
   """
 
   system_prompt = SYSTEM_PROMPT
@@ -163,18 +164,19 @@ class CalculatorEnv:
       raise RuntimeError("CalculatorEnv.step() called before reset(seed).")
     self._turn += 1
     out_of_turns = self._turn >= self.max_turns
-    answer = _ANSWER_RE.search(action)
+    action = extract.cap(action)  # the parsers below see a bounded, linear-time input
+    answer = next(extract.tag_spans(action, "answer"), None)
     if answer is not None:
-      reward = verifiers.numeric_match(answer.group(1), self._problem["answer"], mode="raw")
+      reward = verifiers.numeric_match(answer[2], self._problem["answer"], mode="raw")
       return "", reward, True, self._info(reward, success=reward == 1.0)
-    call = _CALC_RE.search(action)
+    call = next(extract.tag_spans(action, "calc"), None)
     if call is None:
       error = "no tool call or answer; write <calc>expression</calc> or <answer>number</answer>"
       return (f"<error>{error}</error>", self.format_penalty, out_of_turns,
               self._info(self.format_penalty, error=error))
     self._calls += 1
     try:
-      obs, error = f"<result>{format_number(evaluate(call.group(1)))}</result>", ""
+      obs, error = f"<result>{format_number(evaluate(call[2]))}</result>", ""
     except CalcError as e:
       self._errors += 1
       obs, error = f"<error>{e}</error>", str(e)

@@ -124,5 +124,36 @@ class CalculatorEnvTest(absltest.TestCase):
       calculator.CalculatorEnv(num_ops=0)
 
 
+class HostileActionTest(absltest.TestCase):
+
+  def test_megabyte_actions_are_parsed_in_linear_time(self):
+    env = calculator.CalculatorEnv()
+    env.reset(0)
+    for action in ("<calc>" * 170_000, "<answer>" * 125_000, "<calc>1+1</calc>" * 60_000):
+      start = time.perf_counter()
+      obs, _, _, _ = env.step(action)
+      self.assertLess(time.perf_counter() - start, 3.0, action[:20])
+      self.assertTrue(obs.startswith(("<error>", "<result>")), obs[:80])
+
+  def test_megabyte_actions_get_correct_results_quickly(self):
+    target = calculator.make_problem(0)["answer"]
+    cases = [  # (action, observation, reward, done); each action is about 1 MB
+        ("<calc>" * 170_000 + "<calc>6*7</calc>",  # the first opening tag pairs, as before
+         "<error>expression longer than 200 characters</error>", 0.0, False),
+        ("x" * 1_000_000 + "<calc>6*7</calc>", "<result>42</result>", 0.0, False),
+        ("<answer>" * 125_000 + f"<answer>{target}</answer>", "", 1.0, True),
+        ("<answer>" * 125_000 + "<answer>-1</answer>", "", 0.0, True),
+        ("<calc>1+1</calc>" + "x" * 1_000_000, "<error>no tool call or answer; write "
+         "<calc>expression</calc> or <answer>number</answer></error>", 0.0, False),
+    ]
+    for action, want_obs, want_reward, want_done in cases:
+      env = calculator.CalculatorEnv()
+      env.reset(0)
+      start = time.perf_counter()
+      obs, reward, done, _ = env.step(action)
+      self.assertLess(time.perf_counter() - start, 3.0, action[-40:])
+      self.assertEqual((obs, reward, done), (want_obs, want_reward, want_done), action[-40:])
+
+
 if __name__ == "__main__":
   absltest.main()

@@ -16,7 +16,8 @@ Families (`family=`, or "mixed" to draw one per seed):
               `answer X` picks the single candidate that follows it.
 
 Actions: the command is read from <action>...</action> if present, else from the last
-non-empty line of the model's text. Rewards: 1.0 on solving (episode ends), 0.0 for a wrong
+non-empty line of the model's text; only the text's last `extract.MAX_TEXT_CHARS` characters
+are read, in linear time. Rewards: 1.0 on solving (episode ends), 0.0 for a wrong
 final answer (episode ends; wrong guesses in `guess` do not end it), `invalid_penalty` (<= 0)
 for a turn whose command cannot be parsed or is not allowed, 0.0 otherwise.
 """
@@ -147,10 +148,18 @@ def parse_command(action: str) -> tuple[str, str] | None:
   text = text if text is not None else extract.last_line(action)
   if not text:
     return None
-  found = re.fullmatch(r"[`'\"*\s]*([A-Za-z]+)\s*:?\s*(.*?)[`'\".\s*]*", text, flags=re.DOTALL)
+  # Quotes/emphasis, a verb, an optional colon, the argument, trailing quotes/periods. Written
+  # as strips around one anchored match: the single regex with a lazy argument took time
+  # quadratic in the trailing punctuation.
+  start, stop = 0, len(text)
+  while start < stop and (text[start] in "`'\"*" or text[start].isspace()):
+    start += 1
+  while stop > start and (text[stop - 1] in "`'\".*" or text[stop - 1].isspace()):
+    stop -= 1
+  found = re.match(r"([A-Za-z]+)\s*:?", text[start:stop])
   if found is None:
     return None
-  return found.group(1).lower(), found.group(2).strip()
+  return found.group(1).lower(), text[start:stop][found.end():].strip()
 
 
 def _same_answer(given: str, gold: str) -> bool:

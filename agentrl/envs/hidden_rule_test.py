@@ -1,5 +1,6 @@
 """Tests for agentrl.envs.hidden_rule: each family is solvable through interaction."""
 import re
+import time
 
 from absl.testing import absltest
 from absl.testing import parameterized
@@ -123,6 +124,25 @@ class HiddenRuleTest(parameterized.TestCase):
       hidden_rule.HiddenRuleEnv("riddles")
     with self.assertRaisesRegex(ValueError, "max_turns"):
       hidden_rule.HiddenRuleEnv(max_turns=1)
+
+
+class HostileActionTest(absltest.TestCase):
+
+  def test_trailing_punctuation_is_parsed_in_linear_time(self):
+    text = "guess 5" + " ." * 30_000 + "x"  # took ~3 s with the lazy regex at 40K characters
+    start = time.perf_counter()
+    self.assertEqual(hidden_rule.parse_command(text), ("guess", "5" + " ." * 30_000 + "x"))
+    self.assertEqual(hidden_rule.parse_command("`guess: 12.`"), ("guess", "12"))
+    self.assertLess(time.perf_counter() - start, 1.0)
+
+  def test_megabyte_of_unclosed_tags_is_parsed_quickly(self):
+    start = time.perf_counter()  # '<action>' * 20000 alone took ~10 s with the lazy regex
+    self.assertIsNone(hidden_rule.parse_command("<action>" * 125_000))
+    self.assertEqual(hidden_rule.parse_command("<action>" * 125_000 + "\nguess 7"),
+                     ("guess", "7"))
+    self.assertEqual(hidden_rule.parse_command("x" * 10**6 + "<action>guess 8</action>"),
+                     ("guess", "8"))
+    self.assertLess(time.perf_counter() - start, 3.0)
 
 
 if __name__ == "__main__":

@@ -1,8 +1,9 @@
 """Name -> Env constructor, for configs that pick an environment by string.
 
-A plain dict (style.md §5.7): experiments may equally call the constructors directly. Heavy
-optional packages (reasoning-gym, textworld, alfworld) are imported only when their env is
-constructed.
+A plain dict: experiments may equally call the constructors directly. The engine-backed games
+(TextWorld, ALFWorld) are built isolated in a worker process (`envs/isolated.py`); construct
+the classes directly for an in-process env. Heavy optional packages (reasoning-gym, textworld,
+alfworld) are imported only when their env is constructed.
 """
 from agentrl.envs import alfworld_env
 from agentrl.envs import arithmetic
@@ -17,8 +18,9 @@ ENVS = {
     "calculator": calculator.CalculatorEnv,
     "hidden_rule": hidden_rule.HiddenRuleEnv,
     "reasoning_gym": reasoning_gym_env.ReasoningGymEnv,
-    "textworld": textworld_env.TextWorldEnv,
-    "alfworld": alfworld_env.AlfWorldEnv,
+    # Engine-backed games run in a worker process: a hang or crash costs one episode.
+    "textworld": textworld_env.TextWorldEnv.isolated,
+    "alfworld": alfworld_env.AlfWorldEnv.isolated,
 }
 
 

@@ -6,7 +6,13 @@ that the agent loop logs as metrics:
 
   steps, resets              calls seen
   env_errors                 env.reset / env.step raised; the episode is ended
+  env_timeouts               env.reset / env.step raised EnvTimeout: the env did not answer
+                             in time (isolated.IsolatedEnv killed its worker; it restarts)
+  env_crashes                env.reset / env.step raised EnvCrash: the env's worker process
+                             died (e.g. a segfault in a game engine); the episode is ended
   invalid_actions            the env rejected the action (info["error"] was set)
+  unsafe_actions             the env refused to pass the action to its engine (it set
+                             info["unsafe_action"]; also an invalid action)
   empty_actions              the action was empty or whitespace (still passed to the env)
   truncated_observations     an observation was longer than max_obs_chars and was cut
   nonfinite_rewards          the env returned NaN/inf or a non-number; replaced by error_reward
@@ -19,10 +25,25 @@ from typing import Any
 
 from agentrl.envs import base
 
-COUNTERS = ("steps", "resets", "env_errors", "invalid_actions", "empty_actions",
-            "truncated_observations", "nonfinite_rewards", "bad_results", "steps_after_done",
-            "turn_limit")
+COUNTERS = ("steps", "resets", "env_errors", "env_timeouts", "env_crashes", "invalid_actions",
+            "unsafe_actions", "empty_actions", "truncated_observations", "nonfinite_rewards",
+            "bad_results", "steps_after_done", "turn_limit")
 TRUNCATION_MARK = "\n[observation truncated]"
+UNSAFE_ACTION = "unsafe_action"  # info key: the action was refused before reaching the engine
+
+
+class EnvTimeout(TimeoutError):
+  """The env did not answer within its time limit (counted as env_timeouts, not env_errors)."""
+
+
+class EnvCrash(RuntimeError):
+  """The process running the env died (counted as env_crashes, not env_errors)."""
+
+
+def _fault_counter(error: Exception) -> str:
+  if isinstance(error, EnvTimeout):
+    return "env_timeouts"
+  return "env_crashes" if isinstance(error, EnvCrash) else "env_errors"
 
 
 def new_counters() -> dict[str, int]:
@@ -79,13 +100,13 @@ def safe_step(env: base.Env, action: str, *, counters: dict[str, int] | None = N
   try:
     result = env.step(action)
   except Exception as e:  # pylint: disable=broad-except
-    counters["env_errors"] += 1
+    counters[_fault_counter(e)] += 1
     obs, reward, done, info = _error_result(
         f"the environment failed ({type(e).__name__}: {e})", error_reward)
   else:
     obs, reward, done, info = _validate(result, counters, error_reward)
-    if info[base.ERROR]:
-      counters["invalid_actions"] += 1
+    counters["invalid_actions"] += int(bool(info[base.ERROR]))
+    counters["unsafe_actions"] += int(bool(info.get(UNSAFE_ACTION)))
   obs, cut = truncate(obs, max_obs_chars)
   counters["truncated_observations"] += int(cut)
   info["truncated"] = cut
@@ -124,7 +145,7 @@ class SafeEnv:
       if not isinstance(obs, str):
         raise TypeError(f"reset returned {type(obs).__name__}, expected str")
     except Exception as e:  # pylint: disable=broad-except
-      self.counters["env_errors"] += 1
+      self.counters[_fault_counter(e)] += 1
       self.reset_error = f"the environment failed to reset ({type(e).__name__}: {e})"
       self._done = True
       return truncate(f"Error: {self.reset_error}", self.max_obs_chars)[0]

@@ -125,6 +125,27 @@ class SafeEnvTest(absltest.TestCase):
     self.assertEqual(counters["env_errors"], 1)
     self.assertEqual(safe.safe_step(ScriptedEnv([_ok("fine")]), "x")[0], "fine")
 
+  def test_timeouts_crashes_and_unsafe_actions_have_their_own_counters(self):
+    refused = ("Error: refused", 0.0, False, base.make_info(reward=0.0, error="refused",
+                                                            unsafe_action=True))
+    env = safe.SafeEnv(ScriptedEnv([refused, safe.EnvTimeout("slow"), safe.EnvCrash("dead")]))
+    env.reset(0)
+    self.assertFalse(env.step("\x00")[2])
+    for want in ("EnvTimeout: slow", "EnvCrash: dead"):
+      env.reset(0)
+      obs, _, done, _ = env.step("x")
+      self.assertTrue(done)
+      self.assertIn(want, obs)
+    self.assertEqual({k: v for k, v in env.counters.items() if v},
+                     {"steps": 3, "resets": 3, "unsafe_actions": 1, "invalid_actions": 1,
+                      "env_timeouts": 1, "env_crashes": 1})
+    self.assertEqual(env.metrics()["env/unsafe_actions"], 1.0)
+    env = safe.SafeEnv(ScriptedEnv(reset_error=safe.EnvTimeout("slow reset")))
+    self.assertIn("slow reset", env.reset(0))
+    self.assertEqual({k: v for k, v in env.counters.items() if v},
+                     {"resets": 1, "env_timeouts": 1})
+    self.assertContainsSubset({"unsafe_actions", "env_timeouts", "env_crashes"}, safe.COUNTERS)
+
   def test_truncate_validation(self):
     with self.assertRaisesRegex(ValueError, "max_obs_chars"):
       safe.SafeEnv(ScriptedEnv(), max_obs_chars=5)

@@ -13,16 +13,22 @@ Observations have the Inform7 residue (ASCII banner, `>` prompt, status line suc
 are appended. info adds: "admissible_commands" (the valid command list), "score" and
 "max_score" (game points), "intermediate_reward" (TextWorld's dense progress signal: 1 when
 the last command moved towards the goal), "policy_commands" (a walkthrough from the current
-state), "won", "lost", "command" (the command sent).
+state), "won", "lost", "command" (the command sent), "unsafe_action" (it was refused, below).
 
 The command is read from <action>...</action> if present, else from the last non-empty line.
 Reward per turn: the increase of the game score divided by max_score, so an episode's rewards
 sum to score / max_score in [0, 1]. A command that is not in the admissible list is still
-sent to the game but sets info["error"]; an empty command is not sent.
+sent to the game but sets info["error"]; an empty command is not sent, and neither is one that
+`unsafe_command` refuses (control characters, backslashes, non-ASCII, over MAX_COMMAND_CHARS,
+or a file/session meta-verb such as save or quit): the game engine hangs, crashes or writes
+files on those, so the turn is an error observation with info["unsafe_action"] set, counted as
+env/unsafe_actions by SafeEnv. `TextWorldEnv.isolated(...)` runs the env in a worker process
+(agentrl.envs.isolated), so a hang or crash of the engine costs one episode, not the run.
 
 Requires the `envs` extra (textworld; pip install -e '.[envs]'), imported lazily.
 """
 import collections
+import functools
 import hashlib
 import json
 import os
@@ -32,6 +38,8 @@ import tempfile
 import warnings
 
 from agentrl.envs import base
+from agentrl.envs import isolated as isolated_lib
+from agentrl.envs import safe
 from agentrl.rewards import extract
 
 INSTALL_HINT = "pip install -e '.[envs]'"
@@ -47,6 +55,12 @@ DEFAULT_SETTINGS = {
     "custom": {"world_size": 3, "nb_objects": 5, "quest_length": 3},
 }
 _OPEN_GAMES = 8
+MAX_COMMAND_CHARS = 128  # Jericho cuts input at 198 bytes; no game command comes close
+# Inform library meta-verbs that write or read files in the working directory ("save" then
+# "restore" carries game state across episodes and runs; "script" starts a transcript file) or
+# end the session. They are never admissible commands.
+_META_VERBS = frozenset({"save", "restore", "script", "transcript", "unscript", "noscript",
+                         "quit", "q", "restart"})
 _BANNER_RE = re.compile(r"[\s_\\|$/<>]*[_\\|$][\s_\\|$/<>]*")
 _END_LINES = ("*** The End ***", "Would you like to RESTART")
 
@@ -133,7 +147,30 @@ def parse_command(action: str) -> str:
   """The game command in a model reply: <action> tag or last line, lowercased, unquoted."""
   text = extract.tag(action, "action")
   text = text if text is not None else (extract.last_line(action) or "")
-  return " ".join(text.strip().strip("`'\"*.!").lower().split())
+  return " ".join(text.strip().strip("`'\"“”‘’*.!").lower().split())
+
+
+def unsafe_command(command: str) -> str:
+  """Why the game engine must not receive `command` (a parse_command result), or "".
+
+  Jericho hands the command to a dumb-frotz Z-machine interpreter as a C string: a NUL byte
+  cuts it short (an empty line spins forever at 100% CPU, "take coin\\x00" segfaults); a line
+  that starts with a backslash is an interpreter command that re-reads its input forever,
+  writing "unknown command" to stderr ("\\q"); a backslash inside a line is a key escape
+  (cursor and function keys, the interpreter's hot keys such as quit); bytes above 127 can be
+  read as ZSCII cursor and function keys. So commands are short printable ASCII without
+  backslashes, and not a meta-verb.
+  """
+  if len(command) > MAX_COMMAND_CHARS:
+    return f"the command is longer than {MAX_COMMAND_CHARS} characters"
+  bad = next((c for c in command if not " " <= c <= "~" or c == "\\"), None)
+  if bad is not None:
+    return (f"the command contains {bad!r}; game commands are plain ASCII words without "
+            "control characters or backslashes")
+  verb = command.split(" ", 1)[0]
+  if verb in _META_VERBS:
+    return f"'{verb}' is an interpreter command and is disabled"
+  return ""
 
 
 class TextWorldEnv:
@@ -143,6 +180,16 @@ class TextWorldEnv:
   """
 
   system_prompt = SYSTEM_PROMPT
+
+  @classmethod
+  def isolated(cls, *args, timeout_s: float = 10.0, reset_timeout_s: float = 300.0,
+               **kwargs) -> isolated_lib.IsolatedEnv:
+    """cls(*args, **kwargs) in a worker process: a hung or crashed game costs one episode.
+
+    reset generates the game on first use (seconds), hence its longer time limit.
+    """
+    return isolated_lib.IsolatedEnv(functools.partial(cls, *args, **kwargs),
+                                    timeout_s=timeout_s, reset_timeout_s=reset_timeout_s)
 
   def __init__(self, kind: str = "coin_collector", *, game_files=None,
                pool_size: int | None = None, pool: str | None = None, max_turns: int = 50,
@@ -205,10 +252,14 @@ class TextWorldEnv:
     self._turn += 1
     command = parse_command(action)
     valid = list(self._state.get("admissible_commands") or [])
-    if not command:
+    unsafe = unsafe_command(command)
+    if not command or unsafe:
+      # Not sent to the game: the turn is spent with an error observation.
       self._done = self._turn >= self.max_turns
-      error = "empty command; reply with one game command"
-      return f"Error: {error}.", 0.0, self._done, self._info(0.0, "", valid, error=error)
+      error = unsafe or "empty command; reply with one game command"
+      info = self._info(0.0, command[:MAX_COMMAND_CHARS], valid, error=error,
+                        unsafe=bool(unsafe))
+      return f"Error: {error}.", 0.0, self._done, info
     self._state, step_score, done = self._game.step(command)
     score = float(self._state.get("score") if self._state.get("score") is not None
                   else step_score)
@@ -221,13 +272,14 @@ class TextWorldEnv:
                       error=error, success=won, lost=lost)
     return self._observation(self._state.feedback, self._done), reward, self._done, info
 
-  def _info(self, reward, command, valid, **kwargs) -> base.Info:
+  def _info(self, reward, command, valid, unsafe=False, **kwargs) -> base.Info:
     state = self._state
     return base.make_info(
         reward=reward, command=command, admissible_commands=valid, score=self._score,
         max_score=state.get("max_score"), won=bool(state.get("won")),
         intermediate_reward=state.get("intermediate_reward"),
-        policy_commands=list(state.get("policy_commands") or []), **kwargs)
+        policy_commands=list(state.get("policy_commands") or []),
+        **{safe.UNSAFE_ACTION: unsafe}, **kwargs)
 
   def close(self) -> None:
     for game in self._games.values():

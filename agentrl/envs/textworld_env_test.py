@@ -1,4 +1,6 @@
 """Tests for agentrl.envs.textworld_env (one tiny generated game; skipped without textworld)."""
+import functools
+import io
 import os
 import shutil
 import sys
@@ -8,7 +10,9 @@ from unittest import mock
 
 from absl.testing import absltest
 
+from agentrl.envs import isolated
 from agentrl.envs import safe
+from agentrl.envs import testing
 from agentrl.envs import textworld_env
 
 try:
@@ -42,6 +46,16 @@ class CleanObservationTest(absltest.TestCase):
     self.assertEqual(textworld_env.parse_command("<action>take coin</action>\nok"), "take coin")
     self.assertEqual(textworld_env.parse_command(" \n"), "")
 
+  def test_unsafe_commands(self):
+    for command, reason in [("\x00", r"'\x00'"), ("take coin\x00", r"'\x00'"), ("\\q", r"'\\'"),
+                            ("take \\x coin", r"'\\'"), ("go\x1bnorth", r"'\x1b'"),
+                            ("take caf\u00e9", "'\u00e9'"), ("\ud800", r"'\ud800'"),
+                            ("x" * 129, "longer than 128"), ("save", "'save' is an interpreter"),
+                            ("script on", "'script'"), ("q", "'q'"), ("restore", "'restore'")]:
+      self.assertIn(reason, textworld_env.unsafe_command(command), repr(command))
+    for command in ("take coin", "go north", "put key 1 in box", "x" * 128, "saved", "quit-ish"):
+      self.assertEqual(textworld_env.unsafe_command(command), "", command)
+
   def test_bad_arguments_are_named(self):
     with self.assertRaisesRegex(ValueError, "coin_collector"):
       textworld_env.TextWorldEnv("zork")
@@ -61,6 +75,7 @@ class TextWorldEnvTest(absltest.TestCase):
     cls.settings = dict(world_size=2, nb_objects=2, quest_length=2)
     cls.env = textworld_env.TextWorldEnv("custom", pool=cls.pool, **cls.settings)
     cls.first_obs = cls.env.reset(0)  # generates the one game of this test class
+    cls.game = cls.env.game_file(0)
 
   @classmethod
   def tearDownClass(cls):
@@ -116,6 +131,63 @@ class TextWorldEnvTest(absltest.TestCase):
     self.assertEqual(env.counters["invalid_actions"], 2)
     self.assertEqual(env.counters["empty_actions"], 1)
     self.assertEqual(env.counters["env_errors"], 0)
+
+  def test_engine_breaking_actions_are_refused(self):
+    # Reaching the game engine, NUL and "\q" spin forever and "take coin\x00" segfaults; run
+    # isolated so that a regression fails this test rather than hanging the test run.
+    env = safe.SafeEnv(textworld_env.TextWorldEnv.isolated(game_files=[self.game], timeout_s=5.0))
+    self.addCleanup(env.env.close)
+    env.reset(0)
+    for action in ("\x00", "take coin\x00", "\\q", "<action>\\help</action>", "save"):
+      start = time.monotonic()
+      obs, reward, done, info = env.step(action)
+      self.assertLess(time.monotonic() - start, 2.0)
+      self.assertTrue(obs.startswith("Error: "), obs)
+      self.assertEqual((reward, done, info[safe.UNSAFE_ACTION]), (0.0, False, True))
+    self.assertEqual({k: env.counters[k] for k in ("unsafe_actions", "invalid_actions",
+                                                   "env_timeouts", "env_crashes")},
+                     {"unsafe_actions": 5, "invalid_actions": 5, "env_timeouts": 0,
+                      "env_crashes": 0})
+    _, _, done, info = env.step("look")
+    self.assertEqual((done, info["error"], info[safe.UNSAFE_ACTION]), (False, "", False))
+
+  def test_engine_hang_and_crash_cost_one_episode_when_isolated(self):
+    # testing.RawGameEnv sends actions to the engine verbatim, as before the sanitizer.
+    env = safe.SafeEnv(isolated.IsolatedEnv(functools.partial(testing.RawGameEnv, self.game),
+                                            timeout_s=1.0, max_output_bytes=2000))
+    self.addCleanup(isolated.shutdown)
+    with mock.patch.object(sys, "stderr", io.StringIO()) as stderr:
+      for action, counter in (("\x00", "env_timeouts"), ("take coin\x00", "env_crashes"),
+                              ("\\q", "env_timeouts")):
+        env.reset(0)
+        before = env.counters[counter]
+        start = time.monotonic()
+        obs, reward, done, _ = env.step(action)
+        self.assertLess(time.monotonic() - start, 5.0)
+        self.assertEqual((reward, done), (0.0, True))
+        self.assertEqual(env.counters[counter], before + 1, obs)
+      self.assertIn("-=", env.reset(0))
+      obs, _, done, info = env.step("look")
+      self.assertEqual((done, info["error"]), (False, ""))
+    self.assertEqual((env.counters["env_timeouts"], env.counters["env_crashes"]), (2, 1))
+    self.assertIn("DUMB-FROTZ: unknown command", stderr.getvalue())  # "\q" wrote, capped:
+    self.assertLess(len(stderr.getvalue()), 2200)
+
+  def test_isolated_matches_in_process(self):
+    local = textworld_env.TextWorldEnv(game_files=[self.game])
+    remote = textworld_env.TextWorldEnv.isolated(game_files=[self.game])
+    self.addCleanup(local.close)
+    self.addCleanup(remote.close)
+    self.assertEqual((remote.system_prompt, remote.max_turns),
+                     (local.system_prompt, local.max_turns))
+    self.assertEqual(remote.reset(0), local.reset(0))
+    plan = list(local._state["policy_commands"])
+    results = []
+    for command in ["xyzzy", "look", ""] + plan:
+      results.append(local.step(command))
+      self.assertEqual(remote.step(command), results[-1], command)
+    self.assertTrue(results[-1][2])
+    self.assertAlmostEqual(sum(r[1] for r in results), 1.0)
 
 
 class MissingPackageTest(absltest.TestCase):

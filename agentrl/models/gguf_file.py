@@ -30,18 +30,44 @@ class Tensor:
     return quants.dequantize(self.raw, self.ggml_type).astype(np.float32).reshape(self.shape)
 
 
+class ModelFileError(ValueError):
+  """A model file is empty, truncated or corrupt; the message names the file and the fix."""
+
+
+_REFETCH = "re-download or re-export the model"
+
+
 class GgufFile:
-  """`fields` (metadata dict) and `tensors` (name -> Tensor) of a GGUF v2/v3 file."""
+  """`fields` (metadata dict) and `tensors` (name -> Tensor) of a GGUF v2/v3 file.
+
+  An empty, truncated or corrupt file raises ModelFileError naming the file: the header and
+  metadata are parsed defensively, and every tensor's extent is checked against the file size
+  before it is read.
+  """
 
   def __init__(self, path: str):
     self.path = os.fspath(path)
+    self.size = os.path.getsize(self.path)
+    if self.size < 24:
+      raise ModelFileError(f"{self.path}: {'empty file' if not self.size else 'truncated'} "
+                           f"({self.size} bytes; a GGUF header alone is 24); {_REFETCH}.")
     self._buf = np.memmap(self.path, dtype=np.uint8, mode="r")
     self._mv = memoryview(self._buf)
     if bytes(self._mv[:4]) != b"GGUF":
-      raise ValueError(f"{self.path} is not a GGUF file (bad magic {bytes(self._mv[:4])!r}).")
+      raise ModelFileError(f"{self.path} is not a GGUF file (bad magic "
+                           f"{bytes(self._mv[:4])!r}); {_REFETCH}.")
     version, n_tensors, n_kv = struct.unpack_from("<IQQ", self._mv, 4)
     if version not in (2, 3):
-      raise ValueError(f"{self.path}: GGUF version {version} is not supported (2 or 3).")
+      raise ModelFileError(f"{self.path}: GGUF version {version} is not supported (2 or 3).")
+    try:
+      self._parse(n_tensors, n_kv)
+    except (struct.error, ValueError, IndexError, KeyError, OverflowError) as e:
+      if isinstance(e, ModelFileError):
+        raise
+      raise ModelFileError(f"{self.path}: truncated or corrupt GGUF header/metadata (at byte "
+                           f"{self._pos} of {self.size}: {e}); {_REFETCH}.") from None
+
+  def _parse(self, n_tensors: int, n_kv: int) -> None:
     self._pos = 24
     self.fields = {}
     for _ in range(n_kv):
@@ -58,7 +84,7 @@ class GgufFile:
       infos.append((name, tuple(int(d) for d in reversed(dims)), ggml_type, offset))
     alignment = int(self.fields.get("general.alignment", 32))
     start = -(-self._pos // alignment) * alignment
-    self.tensors = {name: Tensor(name, shape, t, self._raw(start + offset, shape, t))
+    self.tensors = {name: Tensor(name, shape, t, self._raw(name, start + offset, shape, t))
                     for name, shape, t, offset in infos}
 
   def _u32(self):
@@ -86,14 +112,17 @@ class GgufFile:
     self._pos += struct.calcsize(fmt)
     return struct.unpack_from(fmt, self._mv, self._pos - struct.calcsize(fmt))[0]
 
-  def _raw(self, offset, shape, ggml_type):
+  def _raw(self, name, offset, shape, ggml_type):
     from gguf import constants, quants  # pylint: disable=g-import-not-at-top
     qtype = constants.GGMLQuantizationType(ggml_type)
     plain = {constants.GGMLQuantizationType.F32: np.float32,
              constants.GGMLQuantizationType.F16: np.float16}
     if qtype in plain:
-      count = int(np.prod(shape))
-      return np.frombuffer(self._buf, plain[qtype], count, offset).reshape(shape)
-    byte_shape = quants.quant_shape_to_byte_shape(shape, qtype)
-    return np.frombuffer(self._buf, np.uint8, int(np.prod(byte_shape)), offset).reshape(
-        byte_shape)
+      dtype, byte_shape = plain[qtype], tuple(shape)
+    else:
+      dtype, byte_shape = np.uint8, tuple(quants.quant_shape_to_byte_shape(shape, qtype))
+    end = offset + int(np.prod(byte_shape)) * np.dtype(dtype).itemsize
+    if end > self.size:
+      raise ModelFileError(f"{self.path}: truncated: tensor {name} ends at byte {end} but the "
+                           f"file has {self.size} bytes; {_REFETCH}.")
+    return np.frombuffer(self._buf, dtype, int(np.prod(byte_shape)), offset).reshape(byte_shape)

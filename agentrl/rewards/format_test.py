@@ -1,7 +1,10 @@
 """Tests for agentrl.rewards.format."""
+import time
+
 from absl.testing import absltest
 from absl.testing import parameterized
 
+from agentrl.rewards import extract
 from agentrl.rewards import format as fmt
 
 GOOD = "<think>a</think> <answer>1</answer>"
@@ -35,6 +38,20 @@ class RegexTest(absltest.TestCase):
     self.assertEqual(fmt.regex("result: 12", pattern=r"\d+"), 1.0)
     self.assertEqual(fmt.regex("result: 12", pattern=r"\d+", fullmatch=True), 0.0)
     self.assertEqual(fmt.regex(" 12 ", pattern=r"\d+", fullmatch=True), 1.0)
+
+  def test_sees_only_the_tail(self):
+    self.assertEqual(fmt.regex("<answer>1</answer>" + " " * extract.MAX_TEXT_CHARS,
+                               pattern="<answer>"), 0.0)
+    self.assertEqual(fmt.regex("x" * 10**6 + " <b>1</b> ", pattern=r"<b>\d</b>"), 1.0)
+
+  def test_hostile_megabyte_is_bounded(self):
+    hostile = "<think>" * 150_000  # ~1 MB: ~1 min uncapped, as ".*" is retried at every tag
+    start = time.perf_counter()
+    self.assertEqual(fmt.regex(hostile, pattern="<think>.*</think>"), 0.0)
+    self.assertEqual(fmt.regex(hostile + "<think>a</think>", pattern="<think>.*</think>"), 1.0)
+    self.assertEqual(fmt.tags(hostile + "<answer>1</answer>"), 0.0)
+    self.assertEqual(fmt.tags(hostile + "a</think><answer>1</answer>", exactly_once=False), 1.0)
+    self.assertLess(time.perf_counter() - start, 3.0)
 
   def test_non_empty(self):
     self.assertEqual(fmt.non_empty(" \n"), 0.0)

@@ -61,7 +61,7 @@ def parse_number(text) -> fractions.Fraction | float | None:
   s = text.strip().strip("$").rstrip(".").replace(",", "").replace(" ", "")
   percent = s.endswith("%")
   s = s.rstrip("%")
-  if not _NUM_RE.fullmatch(s) or len(s) > 200:
+  if len(s) > 200 or not _NUM_RE.fullmatch(s):
     return None
   try:
     value = float(s) if ("e" in s or "E" in s) else fractions.Fraction(s)

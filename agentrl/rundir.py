@@ -1,0 +1,171 @@
+"""A run's working directory: created with a clear error, locked against a second run, and
+the files that describe the run (config.json on the way in, summary.json and curves.png on
+the way out).
+
+`lock(workdir)` takes an exclusive `fcntl.flock` on <workdir>/LOCK and writes the holder's
+pid, host and start time into it. The kernel drops a flock when its process dies (kill -9
+included), so a lock left by a dead run is simply taken over; a live holder makes the
+second run fail at once with a message that names it. The lock is re-entrant within one
+process (a test or notebook may run `train` twice on one workdir) and is released by
+`unlock` or at process exit.
+
+`config_changes(old, new)` lists what differs between a run's stored config.json and the
+config it is resumed with, so the resume can refuse shape-changing edits and log the rest.
+"""
+import datetime
+import fcntl
+import json
+import os
+import socket
+import time
+from typing import Any
+
+import ml_collections as mlc
+
+from agentrl import configs
+from agentrl import loop
+from agentrl import metrics as metrics_lib
+
+LOCK_FILE = "LOCK"
+_HELD: dict[str, int] = {}  # abspath of a locked workdir -> the open LOCK file descriptor
+
+
+class WorkdirError(RuntimeError):
+  """The workdir cannot be used: not creatable, not writable, or held by another run."""
+
+
+def prepare(workdir: str) -> str:
+  """Creates `workdir` if needed and checks it is writable; returns its absolute path."""
+  path = os.path.abspath(workdir)
+  try:
+    os.makedirs(path, exist_ok=True)
+  except OSError as e:
+    raise WorkdirError(f"--workdir={workdir} cannot be created ({e.strerror}); choose a "
+                       "directory you can write to") from None
+  if not os.access(path, os.W_OK | os.X_OK):
+    raise WorkdirError(f"--workdir={workdir} is not writable; choose a directory you can "
+                       "write to")
+  return path
+
+
+def _holder(path: str) -> str:
+  try:
+    with open(path) as f:
+      info = json.load(f)
+    return f"pid {info['pid']} on {info['host']} since {info['since']}"
+  except (OSError, ValueError, KeyError):
+    return "another process"
+
+
+def lock(workdir: str) -> None:
+  """Takes the workdir's lock or raises WorkdirError naming the run that holds it."""
+  path = prepare(workdir)
+  if path in _HELD:
+    return
+  lock_path = os.path.join(path, LOCK_FILE)
+  fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+  try:
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+  except OSError:
+    os.close(fd)
+    raise WorkdirError(f"--workdir={workdir} is in use by {_holder(lock_path)}: two runs in "
+                       "one workdir would interleave their metrics and checkpoints. Wait for "
+                       "it, stop it, or choose another --workdir") from None
+  info = {"pid": os.getpid(), "host": socket.gethostname(),
+          "since": datetime.datetime.now().isoformat(timespec="seconds")}
+  os.ftruncate(fd, 0)
+  os.pwrite(fd, json.dumps(info).encode(), 0)
+  _HELD[path] = fd
+
+
+def unlock(workdir: str) -> None:
+  """Releases a lock this process holds (no-op otherwise)."""
+  fd = _HELD.pop(os.path.abspath(workdir), None)
+  if fd is not None:
+    os.close(fd)  # closing the descriptor drops the flock
+
+
+def _flat(tree: Any, prefix: str = "") -> dict[str, Any]:
+  if isinstance(tree, dict):
+    out = {}
+    for key, value in tree.items():
+      out.update(_flat(value, f"{prefix}{key}."))
+    return out
+  return {prefix[:-1]: tree}
+
+
+def config_changes(old: dict, new: dict) -> list[tuple[str, Any, Any]]:
+  """(dotted key, old value, new value) for every leaf that differs; absent is None."""
+  a, b = _flat(json.loads(json.dumps(old))), _flat(json.loads(json.dumps(new)))
+  return [(key, a.get(key), b.get(key)) for key in sorted(set(a) | set(b))
+          if a.get(key) != b.get(key)]
+
+
+# Config keys whose change makes a run's checkpoints or tokenizer unusable: a resume with a
+# different value is refused (the checkpoint restore also checks every state shape).
+STRUCTURAL_KEYS = ("model.", "task.")
+
+
+def write_config(config: mlc.ConfigDict, workdir: str) -> float:
+  """Locks the workdir and writes <workdir>/config.json; returns the start time.
+
+  On a resume (config.json already there) it first compares: changes to STRUCTURAL_KEYS are
+  refused with a ConfigError listing them, before anything is written; other changes (a new
+  learning rate, more steps) are printed, one line each, and the new config is recorded.
+  """
+  lock(workdir)
+  path = os.path.join(workdir, "config.json")
+  if os.path.exists(path):
+    changes = config_changes(read_config(workdir).to_dict(), config.to_dict())
+    refused = [f"config.{k}: {old!r} -> {new!r}" for k, old, new in changes
+               if k.startswith(STRUCTURAL_KEYS)]
+    if refused:
+      raise configs.ConfigError(
+          f"--workdir={workdir} holds a run with a different model or task ("
+          f"{'; '.join(refused)}); its checkpoints cannot be resumed with this config. Use "
+          "another --workdir, or the stored values")
+    for key, old, new in changes:
+      print(f"Resuming {workdir} with config.{key} changed: {old!r} -> {new!r}", flush=True)
+  with open(path + ".tmp", "w") as f:
+    f.write(config.to_json(indent=2))
+  os.replace(path + ".tmp", path)  # atomic: a reader never sees half a file
+  return time.perf_counter()
+
+
+def read_config(run_dir: str) -> mlc.ConfigDict:
+  """The config.json that `write_config` left in a run's workdir."""
+  with open(os.path.join(run_dir, "config.json")) as f:
+    return mlc.ConfigDict(json.load(f))
+
+
+# ---------------------------------------------------------------------------------------------
+# Summary.
+# ---------------------------------------------------------------------------------------------
+CURVES = ("reward", "success", "kl", "entropy", "clipfrac", "loss", "grad_norm",
+          "groups_with_signal", "eval/success")
+
+
+def write_summary(workdir: str, result: loop.Result, *, name: str, start: float,
+                  sft_info: dict | None = None) -> dict:
+  """Prints the before/after table and writes summary.json and curves.png."""
+  wall_seconds = time.perf_counter() - start
+  before = result.evals["0"]["eval/success"]
+  after = result.evals[str(result.step)]["eval/success"]
+  summary = {"method": name, "success_before": before, "success_after": after,
+             "steps": result.step, "wall_seconds": wall_seconds, "sft": sft_info or {},
+             "final": {k: v for k, v in result.records[-1].items()
+                       if k not in loop.TIMING_KEYS}}
+  with open(os.path.join(workdir, "summary.json"), "w") as f:
+    json.dump(summary, f, indent=2)
+  metrics_lib.plot_curves(result.records, os.path.join(workdir, "curves.png"), list(CURVES),
+                          title=name)
+  print(metrics_lib.summary_table(result.records, ["reward", "success", "kl", "entropy",
+                                                   "clipfrac", "grad_norm"]))
+  print()
+  print(metrics_lib.format_table(
+      ["held-out greedy success", "before RL", "after RL", "change"],
+      [[f"{len(result.evals)} evals", f"{before:.1%}", f"{after:.1%}",
+        f"{100 * (after - before):+.1f} points"]]))
+  print(f"\n{name}: {result.step} steps in {wall_seconds:.0f}s -> {workdir}")
+  unlock(workdir)
+  return summary

@@ -1,0 +1,125 @@
+"""Tests for agentrl.rundir: workdir creation and locking, config.json on resume, summary."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import types
+from unittest import mock
+
+from absl.testing import absltest
+
+from agentrl import configs
+from agentrl import metrics
+from agentrl import recipe
+from agentrl import rundir
+
+
+def _tmpdir(test) -> str:
+  path = tempfile.mkdtemp()
+  test.addCleanup(shutil.rmtree, path, ignore_errors=True)
+  return path
+
+
+def _config():
+  c = recipe.rl_config("cpu", smoke=True)
+  c.loss = dict(eps=0.2)
+  return c
+
+
+class LockTest(absltest.TestCase):
+
+  def test_a_second_process_is_refused_with_the_holder_named(self):
+    workdir = _tmpdir(self)
+    rundir.lock(workdir)
+    self.addCleanup(rundir.unlock, workdir)
+    code = ("import sys; from agentrl import rundir\n"
+            "try:\n  rundir.lock(sys.argv[1])\nexcept rundir.WorkdirError as e:\n"
+            "  print(e); sys.exit(3)\n")
+    out = subprocess.run([sys.executable, "-c", code, workdir], capture_output=True, text=True)
+    self.assertEqual(out.returncode, 3, out.stderr)
+    self.assertIn(f"is in use by pid {os.getpid()} on ", out.stdout)
+    with open(os.path.join(workdir, rundir.LOCK_FILE)) as f:
+      self.assertEqual(json.load(f)["pid"], os.getpid())
+    rundir.lock(workdir)  # re-entrant in the holding process
+
+  def test_the_lock_of_a_dead_process_is_taken_over(self):
+    workdir = _tmpdir(self)
+    code = "import os, sys; from agentrl import rundir; rundir.lock(sys.argv[1]); os._exit(0)"
+    subprocess.run([sys.executable, "-c", code, workdir], check=True)
+    self.assertTrue(os.path.exists(os.path.join(workdir, rundir.LOCK_FILE)))  # left behind
+    rundir.lock(workdir)
+    self.addCleanup(rundir.unlock, workdir)
+    with open(os.path.join(workdir, rundir.LOCK_FILE)) as f:
+      self.assertEqual(json.load(f)["pid"], os.getpid())
+
+  def test_unwritable_workdir_is_one_clear_error(self):
+    with self.assertRaisesRegex(rundir.WorkdirError,
+                                r"--workdir=/proc/agentrl_run cannot be created"):
+      rundir.prepare("/proc/agentrl_run")
+
+
+class ConfigTest(absltest.TestCase):
+
+  def test_config_json_round_trips_and_is_written_atomically(self):
+    workdir = os.path.join(_tmpdir(self), "run")
+    config = _config()
+    rundir.write_config(config, workdir)
+    self.addCleanup(rundir.unlock, workdir)
+    # JSON has no tuples: compare both sides as JSON.
+    self.assertEqual(json.loads(rundir.read_config(workdir).to_json()),
+                     json.loads(config.to_json()))
+    self.assertEqual(sorted(os.listdir(workdir)), ["LOCK", "config.json"])
+
+  def test_resume_refuses_a_changed_model_before_writing(self):
+    workdir = _tmpdir(self)
+    rundir.write_config(_config(), workdir)
+    self.addCleanup(rundir.unlock, workdir)
+    changed = _config()
+    changed.model.width = 128
+    with self.assertRaisesRegex(configs.ConfigError,
+                                r"holds a run with a different model or task "
+                                r"\(config\.model\.width: 64 -> 128\)"):
+      rundir.write_config(changed, workdir)
+    self.assertEqual(rundir.read_config(workdir).model.width, 64)  # untouched
+
+  def test_resume_logs_hyperparameter_changes(self):
+    workdir = _tmpdir(self)
+    rundir.write_config(_config(), workdir)
+    self.addCleanup(rundir.unlock, workdir)
+    changed = _config()
+    changed.optim.lr = 5e-4
+    changed.total_steps = 9
+    with mock.patch("builtins.print") as printed:
+      rundir.write_config(changed, workdir)
+    lines = [call.args[0] for call in printed.call_args_list]
+    self.assertEqual(len(lines), 2)
+    self.assertIn("config.optim.lr changed: 0.001 -> 0.0005", lines[0])
+    self.assertEqual(rundir.read_config(workdir).optim.lr, 5e-4)
+
+
+class SummaryTest(absltest.TestCase):
+
+  def test_summary_table_and_files(self):
+    workdir = _tmpdir(self)
+    records = [{"step": s, "reward": 0.1 * s, "success": 0.1 * s, "loss": 1.0 / s,
+                "time/step": 1.0} for s in (1, 2)]
+    writer = metrics.Writer(workdir, total_steps=2, tensorboard=False, console=False)
+    for r in records:
+      writer.write(r["step"], {k: v for k, v in r.items() if k != "step"})
+    writer.close()
+    result = types.SimpleNamespace(
+        step=2, records=metrics.read_jsonl(writer.path),
+        evals={"0": {"eval/success": 0.25}, "2": {"eval/success": 0.5}})
+    with mock.patch("builtins.print"):
+      summary = rundir.write_summary(workdir, result, name="TEST", start=0.0)
+    self.assertEqual((summary["success_before"], summary["success_after"]), (0.25, 0.5))
+    self.assertEqual(summary["method"], "TEST")
+    self.assertNotIn("time/step", summary["final"])
+    for name in ("summary.json", "curves.png"):
+      self.assertTrue(os.path.exists(os.path.join(workdir, name)), name)
+
+
+if __name__ == "__main__":
+  absltest.main()
