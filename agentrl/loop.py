@@ -313,9 +313,9 @@ def run(state, *, rng: jax.Array, total_steps: int, workdir: str,
       streak = {k: streak[k] + 1 if k == trouble else 0 for k in streak}
       if trouble and limits[trouble] and streak[trouble] >= limits[trouble]:
         why = _STOP_ADVICE[trouble].format(n=streak[trouble], floor=entropy_floor)
-        raise TrainingStopped(f"stopped at step {step}: {why}. The last checkpoint is "
-                              f"{ckpt.directory}/{last_saved}" if last_saved else
-                              f"stopped at step {step}: {why}. No checkpoint was written.")
+        where = (f"The last checkpoint is {ckpt.directory}/{last_saved}" if last_saved else
+                 "No checkpoint was written.")
+        raise TrainingStopped(f"stopped at step {step}: {why}. {where}")
       if not trouble:
         meta = {"step": step, "evals": evals, "data": data.state() if data is not None else {}}
         if ckpt.save(step, {"state": state, "rng": rng}, meta, force=step == total_steps):
