@@ -15,7 +15,7 @@ Every experiment ends with
 `parse_flags` turns a missing config file, an unknown preset, an unknown or mistyped
 `--config.<key>` (with the closest existing key) and a bad flag into `error: ...` and exit
 code 2. `run` does the same for the errors a user can fix (ConfigError, an unusable or busy
-workdir, unreadable model files or checkpoints; exit 2) and for a run the loop stopped
+workdir, unreadable model files, checkpoints or JSONL data; exit 2) and for a run the loop stopped
 (divergence, collapse; exit 1), and prints where the last checkpoint is on Ctrl-C (exit 130).
 Anything else is a bug and keeps its traceback.
 """
@@ -32,11 +32,12 @@ from agentrl import checkpoint
 from agentrl import configs
 from agentrl import loop
 from agentrl import rundir
+from agentrl.data import jsonl
 from agentrl.models import hf
 
 # Errors whose message already says what to fix.
 USER_ERRORS = (configs.ConfigError, rundir.WorkdirError, checkpoint.CheckpointError,
-               hf.ModelFileError)
+               hf.ModelFileError, jsonl.JsonlError)
 
 
 def _fail(message: str, code: int = 2):

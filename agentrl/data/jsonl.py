@@ -1,26 +1,46 @@
 """JSONL prompt files: one JSON object per line, validated line by line.
 
 Each non-blank line must be a JSON object with a non-empty string "prompt" (and any other
-`required` keys). A bad line raises ValueError naming the file and the 1-based line number,
-so a broken dataset fails at load time instead of mid-run: invalid UTF-8 (with the byte
+`required` keys). A bad line raises JsonlError (a ValueError) naming the file and the 1-based
+line number, so a broken dataset fails at load time instead of mid-run: invalid UTF-8 (with the byte
 offset), over-deep nesting and bad JSON alike. A UTF-8 byte-order mark is accepted.
 """
 import codecs
 from collections.abc import Sequence
+import io
 import json
 import os
+import re
+
+
+class JsonlError(ValueError):
+  """A JSONL file that cannot be used; the message names the file, the line and the fix."""
+
+
+_ESCAPED = re.compile(r"[\udc80-\udcff]")  # bytes that were not UTF-8, under surrogateescape
 
 
 def _check(entry, path: str, lineno: int, required: Sequence[str]) -> dict:
   where = f"{path}:{lineno}"
   if not isinstance(entry, dict):
-    raise ValueError(f"{where}: expected a JSON object, got {type(entry).__name__}.")
+    raise JsonlError(f"{where}: expected a JSON object, got {type(entry).__name__}.")
   missing = [k for k in required if k not in entry]
   if missing:
-    raise ValueError(f"{where}: missing key(s) {missing}; every line needs {list(required)}.")
+    raise JsonlError(f"{where}: missing key(s) {missing}; every line needs {list(required)}.")
   if "prompt" in required and not (isinstance(entry["prompt"], str) and entry["prompt"]):
-    raise ValueError(f"{where}: 'prompt' must be a non-empty string.")
+    raise JsonlError(f"{where}: 'prompt' must be a non-empty string.")
   return entry
+
+
+def _decode_error(path: str, lineno: int, line: str, offset: int) -> JsonlError:
+  """Names the first undecodable byte of a line read with errors="surrogateescape"."""
+  col = _ESCAPED.search(line).start()
+  at = len(line[:col].encode("utf-8", "surrogateescape"))
+  bad = line[col:col + 4].encode("utf-8", "surrogateescape")
+  hint = (" (it looks like UTF-16)" if lineno == 1 and at == 0 and bad[:2] in (
+      codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE) else "")
+  return JsonlError(f"{path}:{lineno}: invalid UTF-8 at byte {at} of the line (byte offset "
+                    f"{offset + at} in the file): {bad!r}{hint}; save the file as UTF-8.")
 
 
 def read_jsonl(path: str, *, required: Sequence[str] = ("prompt",)) -> list[dict]:
@@ -28,27 +48,31 @@ def read_jsonl(path: str, *, required: Sequence[str] = ("prompt",)) -> list[dict
   if not os.path.isfile(path):
     raise FileNotFoundError(f"JSONL file not found: {path!r}")
   entries = []
-  with open(path, "rb") as f:
-    for lineno, raw in enumerate(f, start=1):
-      if lineno == 1 and raw.startswith(codecs.BOM_UTF8):
-        raw = raw[len(codecs.BOM_UTF8):]  # editors on Windows write a byte-order mark
-      try:
-        line = raw.decode("utf-8")
-      except UnicodeDecodeError as e:
-        raise ValueError(f"{path}:{lineno}: invalid UTF-8 at byte {e.start} of the line "
-                         f"({raw[e.start:e.start + 4]!r}); save the file as UTF-8.") from None
+  with open(path, "rb") as raw:
+    # Editors on Windows start files with a byte-order mark; skip it. newline="" keeps text
+    # mode's universal-newline splitting but leaves each line's bytes intact (so `offset` is a
+    # byte offset), and surrogateescape lets a bad byte be reported with its line number.
+    offset = len(codecs.BOM_UTF8) if raw.read(3) == codecs.BOM_UTF8 else 0
+    raw.seek(offset)
+    lines = io.TextIOWrapper(raw, encoding="utf-8", errors="surrogateescape", newline="")
+    for lineno, line in enumerate(lines, start=1):
+      if not line.isascii():
+        if _ESCAPED.search(line):
+          raise _decode_error(path, lineno, line, offset)
+        offset += len(line.encode("utf-8")) - len(line)
+      offset += len(line)
       if not line.strip():
         continue
       try:
         entry = json.loads(line)
       except json.JSONDecodeError as e:
-        raise ValueError(f"{path}:{lineno}: invalid JSON ({e.msg} at column {e.colno}).") from e
+        raise JsonlError(f"{path}:{lineno}: invalid JSON ({e.msg} at column {e.colno}).") from e
       except RecursionError:
-        raise ValueError(f"{path}:{lineno}: JSON nested too deeply to read; flatten the "
+        raise JsonlError(f"{path}:{lineno}: JSON nested too deeply to read; flatten the "
                          "entry.") from None
       entries.append(_check(entry, path, lineno, required))
   if not entries:
-    raise ValueError(f"{path}: no entries; expected one JSON object per line.")
+    raise JsonlError(f"{path}: no entries; expected one JSON object per line.")
   return entries
 
 

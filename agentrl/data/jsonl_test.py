@@ -41,18 +41,36 @@ class JsonlTest(parameterized.TestCase):
     with self.assertRaisesRegex(ValueError, rf"{path}{message}" if message[0] == ":" else message):
       jsonl.read_jsonl(path)
 
-  def test_bom_bad_utf8_and_deep_nesting(self):
+  def _write_bytes(self, data: bytes) -> str:
     path = self._write("")
     with open(path, "wb") as f:
-      f.write(b'\xef\xbb\xbf{"prompt": "with a BOM"}\n')
-    self.assertEqual(jsonl.read_jsonl(path), [{"prompt": "with a BOM"}])
-    with open(path, "wb") as f:
-      f.write(b'{"prompt": "ok"}\n{"prompt": "\xff"}\n')
-    with self.assertRaisesRegex(ValueError, rf"^{path}:2: invalid UTF-8 at byte 12"):
-      jsonl.read_jsonl(path)
-    with open(path, "w") as f:
-      f.write("[" * 100_000 + "\n")
-    with self.assertRaisesRegex(ValueError, rf"^{path}:1: JSON nested too deeply"):
+      f.write(data)
+    return path
+
+  @parameterized.parameters(
+      (b'\xef\xbb\xbf{"prompt": "with a BOM"}\n{"prompt": "b"}\n', ["with a BOM", "b"]),
+      (b'\xef\xbb\xbf\n{"prompt": "a"}\r\n', ["a"]),                # BOM on a blank line, CRLF
+      (b'{"prompt": "a"}\r{"prompt": "b"}\r', ["a", "b"]),          # old Mac line ends
+      ('{"prompt": "caf\u00e9 \u2028 \u4e2d"}\n'.encode(), ["caf\u00e9 \u2028 \u4e2d"]),
+  )
+  def test_valid_encodings_and_line_ends_load(self, data, prompts):
+    entries = jsonl.read_jsonl(self._write_bytes(data))
+    self.assertEqual([e["prompt"] for e in entries], prompts)
+
+  @parameterized.parameters(
+      (b'{"prompt": "ok"}\n{"prompt": "caf\xe9"}\n',
+       r":2: invalid UTF-8 at byte 15 of the line \(byte offset 32 in the file\): b'\\xe9"),
+      (b'\xef\xbb\xbf{"prompt": "\xc3\xa9"}\n{"prompt": "\xff"}\n',  # offsets count the BOM
+       r":2: invalid UTF-8 at byte 12 of the line \(byte offset 32 in the file\)"),
+      ('{"prompt": "a"}\n'.encode("utf-16"), r":1: invalid UTF-8 at byte 0 .*looks like UTF-16"),
+      (b"[" * 100_000 + b"\n", ":1: JSON nested too deeply"),
+      (b'{"prompt": "a"}\n{"prompt": "b", "x": ' + b"[" * 100_000 + b"\n",
+       ":2: JSON nested too deeply"),
+      (b'{"prompt": "a"}\n\xef\xbb\xbf{"prompt": "b"}\n', ":2: invalid JSON"),  # BOM mid-file
+  )
+  def test_undecodable_lines_name_file_line_and_byte(self, data, message):
+    path = self._write_bytes(data)
+    with self.assertRaisesRegex(ValueError, rf"^{path}{message}"):
       jsonl.read_jsonl(path)
 
   def test_required_keys(self):

@@ -5,6 +5,7 @@ seconds for a 49k-token vocabulary; this parses the same header with `struct` (m
 and leaves dequantization to `gguf.quants`. Format: github.com/ggml-org/ggml docs/gguf.md.
 """
 import dataclasses
+import math
 import os
 import struct
 
@@ -40,9 +41,9 @@ _REFETCH = "re-download or re-export the model"
 class GgufFile:
   """`fields` (metadata dict) and `tensors` (name -> Tensor) of a GGUF v2/v3 file.
 
-  An empty, truncated or corrupt file raises ModelFileError naming the file: the header and
-  metadata are parsed defensively, and every tensor's extent is checked against the file size
-  before it is read.
+  An empty, truncated or corrupt file raises ModelFileError naming the file, the part that is
+  damaged and the fix: every length in the header and metadata is checked against the file size
+  as it is read, and every tensor's extent before any tensor is read.
   """
 
   def __init__(self, path: str):
@@ -54,75 +55,107 @@ class GgufFile:
     self._buf = np.memmap(self.path, dtype=np.uint8, mode="r")
     self._mv = memoryview(self._buf)
     if bytes(self._mv[:4]) != b"GGUF":
-      raise ModelFileError(f"{self.path} is not a GGUF file (bad magic "
+      raise ModelFileError(f"{self.path}: not a GGUF file (bad magic "
                            f"{bytes(self._mv[:4])!r}); {_REFETCH}.")
     version, n_tensors, n_kv = struct.unpack_from("<IQQ", self._mv, 4)
     if version not in (2, 3):
       raise ModelFileError(f"{self.path}: GGUF version {version} is not supported (2 or 3).")
+    self._pos, self._part = 24, "the header"
     try:
       self._parse(n_tensors, n_kv)
     except (struct.error, ValueError, IndexError, KeyError, OverflowError) as e:
       if isinstance(e, ModelFileError):
         raise
-      raise ModelFileError(f"{self.path}: truncated or corrupt GGUF header/metadata (at byte "
-                           f"{self._pos} of {self.size}: {e}); {_REFETCH}.") from None
+      # A check below missed a corruption; still name the file and the part being read.
+      raise ModelFileError(f"{self.path}: corrupt GGUF: {self._part} cannot be read at byte "
+                           f"{self._pos} ({type(e).__name__}: {e}); {_REFETCH}.") from None
 
   def _parse(self, n_tensors: int, n_kv: int) -> None:
-    self._pos = 24
     self.fields = {}
-    for _ in range(n_kv):
+    for i in range(n_kv):
+      self._part = f"metadata entry {i + 1} of {n_kv}"
       key = self._string()
+      self._part += f" ({key[:80]!r})"
       self.fields[key] = self._value(self._u32())
     infos = []
-    for _ in range(n_tensors):
+    for i in range(n_tensors):
+      self._part = f"tensor info {i + 1} of {n_tensors}"
       name = self._string()
-      dims = struct.unpack_from(f"<{self._u32()}Q", self._mv, self._pos)
-      self._pos += 8 * len(dims)
-      ggml_type = self._u32()
-      offset = struct.unpack_from("<Q", self._mv, self._pos)[0]
-      self._pos += 8
+      self._part += f" ({name[:80]!r})"
+      n_dims = self._u32()
+      dims = struct.unpack_from(f"<{n_dims}Q", self._take(8 * n_dims))
+      ggml_type, offset = self._u32(), struct.unpack_from("<Q", self._take(8))[0]
       infos.append((name, tuple(int(d) for d in reversed(dims)), ggml_type, offset))
-    alignment = int(self.fields.get("general.alignment", 32))
+    alignment = self.fields.get("general.alignment", 32)
+    if not (isinstance(alignment, int) and alignment > 0):
+      raise self._corrupt(f"general.alignment is {alignment!r}")
     start = -(-self._pos // alignment) * alignment
-    self.tensors = {name: Tensor(name, shape, t, self._raw(name, start + offset, shape, t))
-                    for name, shape, t, offset in infos}
+    extents = [(name, *self._extent(name, shape, t), start + offset)
+               for name, shape, t, offset in infos]
+    self._check_extents(extents)
+    self.tensors = {
+        name: Tensor(name, shape, t,
+                     np.frombuffer(self._buf, dtype, count, offset).reshape(byte_shape))
+        for (name, shape, t, _), (_, dtype, byte_shape, count, offset) in zip(infos, extents)}
+
+  def _take(self, n: int) -> memoryview:
+    """The next n bytes; a length that runs past the end of the file is reported as such."""
+    if n > self.size - self._pos:
+      raise ModelFileError(
+          f"{self.path}: truncated or corrupt: {self._part} at byte {self._pos} needs "
+          f"{n} more bytes but the file has {self.size} bytes; {_REFETCH}.")
+    self._pos += n
+    return self._mv[self._pos - n:self._pos]
+
+  def _corrupt(self, what: str) -> ModelFileError:
+    return ModelFileError(f"{self.path}: corrupt GGUF: {self._part}: {what}; {_REFETCH}.")
 
   def _u32(self):
-    self._pos += 4
-    return struct.unpack_from("<I", self._mv, self._pos - 4)[0]
+    return struct.unpack_from("<I", self._take(4))[0]
 
   def _string(self):
-    (n,) = struct.unpack_from("<Q", self._mv, self._pos)
-    self._pos += 8 + n
-    return bytes(self._mv[self._pos - n:self._pos]).decode("utf-8", errors="replace")
+    (n,) = struct.unpack_from("<Q", self._take(8))
+    return bytes(self._take(n)).decode("utf-8", errors="replace")
 
   def _value(self, kind):
     if kind == _STRING:
       return self._string()
     if kind == _ARRAY:
       elem = self._u32()
-      (count,) = struct.unpack_from("<Q", self._mv, self._pos)
-      self._pos += 8
+      (count,) = struct.unpack_from("<Q", self._take(8))
       if elem in _NUMPY:
-        arr = np.frombuffer(self._mv, _NUMPY[elem], count, self._pos)
-        self._pos += arr.nbytes
-        return arr.tolist()
+        return np.frombuffer(self._take(count * np.dtype(_NUMPY[elem]).itemsize),
+                             _NUMPY[elem]).tolist()
       return [self._value(elem) for _ in range(count)]
-    fmt = _SCALARS[kind]
-    self._pos += struct.calcsize(fmt)
-    return struct.unpack_from(fmt, self._mv, self._pos - struct.calcsize(fmt))[0]
+    if kind not in _SCALARS:
+      raise self._corrupt(f"unknown value type {kind}")
+    return struct.unpack_from(_SCALARS[kind], self._take(struct.calcsize(_SCALARS[kind])))[0]
 
-  def _raw(self, name, offset, shape, ggml_type):
+  def _extent(self, name, shape, ggml_type):
+    """(numpy dtype, byte shape, element count) of a tensor's bytes."""
     from gguf import constants, quants  # pylint: disable=g-import-not-at-top
-    qtype = constants.GGMLQuantizationType(ggml_type)
+    self._part = f"tensor {name}"
+    try:
+      qtype = constants.GGMLQuantizationType(ggml_type)
+    except ValueError:
+      raise ModelFileError(f"{self.path}: tensor {name} has unknown ggml type {ggml_type} "
+                           f"(corrupt, or newer than the installed gguf package); "
+                           f"{_REFETCH}.") from None
     plain = {constants.GGMLQuantizationType.F32: np.float32,
              constants.GGMLQuantizationType.F16: np.float16}
     if qtype in plain:
       dtype, byte_shape = plain[qtype], tuple(shape)
     else:
       dtype, byte_shape = np.uint8, tuple(quants.quant_shape_to_byte_shape(shape, qtype))
-    end = offset + int(np.prod(byte_shape)) * np.dtype(dtype).itemsize
-    if end > self.size:
-      raise ModelFileError(f"{self.path}: truncated: tensor {name} ends at byte {end} but the "
-                           f"file has {self.size} bytes; {_REFETCH}.")
-    return np.frombuffer(self._buf, dtype, int(np.prod(byte_shape)), offset).reshape(byte_shape)
+    return dtype, byte_shape, math.prod(byte_shape)  # exact: corrupt dims must not wrap around
+
+  def _check_extents(self, extents) -> None:
+    """Every tensor's bytes lie inside the file; else names the first one cut off."""
+    ends = [(offset + count * np.dtype(dtype).itemsize, name)
+            for name, dtype, _, count, offset in extents]
+    cut = sorted((end, name) for end, name in ends if end > self.size)
+    if cut:
+      raise ModelFileError(
+          f"{self.path}: truncated: header says tensor {cut[0][1]} ends at byte {cut[0][0]} "
+          f"but the file has {self.size} bytes (a complete file has at least "
+          f"{max(ends)[0]}); {_REFETCH}.")

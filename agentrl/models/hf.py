@@ -25,6 +25,7 @@ import numpy as np
 
 from agentrl.models import gguf_file
 from agentrl.models import hf_config
+from agentrl.models import safetensors_file
 from agentrl.models import transformer
 
 # Raised for an empty, truncated or corrupt GGUF or safetensors file; names the file.
@@ -145,57 +146,6 @@ def _abstract_state(cfg: transformer.Config):
 # ------------------------------------------------------------------------------------------
 # Tensor sources.
 # ------------------------------------------------------------------------------------------
-
-
-class _Safetensors:
-  """Tensors of an HF directory: model.safetensors or a sharded index."""
-
-  def __init__(self, directory: str):
-    from safetensors import safe_open  # pylint: disable=g-import-not-at-top
-    self.where = directory
-    index = os.path.join(directory, "model.safetensors.index.json")
-    single = os.path.join(directory, "model.safetensors")
-    if os.path.isfile(index):
-      with open(index) as f:
-        weight_map = json.load(f)["weight_map"]
-      files = sorted(set(weight_map.values()))
-    elif os.path.isfile(single):
-      files = ["model.safetensors"]
-    else:
-      present = sorted(os.listdir(directory))
-      raise FileNotFoundError(
-          f"{directory} has neither model.safetensors nor model.safetensors.index.json "
-          f"(found {present}). Only safetensors checkpoints are loaded; convert .bin/.pt "
-          "pickles with transformers' save_pretrained(safe_serialization=True).")
-    self.files, self.paths = {}, {}  # tensor name -> open handle, -> its file
-    for name in files:
-      path = os.path.join(directory, name)
-      if not os.path.isfile(path):
-        raise FileNotFoundError(f"Shard {path} listed in the safetensors index is missing.")
-      size = os.path.getsize(path)
-      try:
-        handle = safe_open(path, framework="numpy")
-      except Exception as e:  # pylint: disable=broad-except  (safetensors' own error types)
-        what = "empty file" if not size else f"corrupt or truncated safetensors ({e})"
-        raise ModelFileError(f"{path}: {what}; re-download or re-export the model.") from None
-      self.files.update({key: handle for key in handle.keys()})
-      self.paths.update({key: path for key in handle.keys()})
-
-  def names(self):
-    return set(self.files)
-
-  def display(self, name):
-    return name
-
-  def shape(self, name):
-    return tuple(self.files[name].get_slice(name).get_shape())
-
-  def get(self, name):
-    try:
-      return self.files[name].get_tensor(name)
-    except Exception as e:  # pylint: disable=broad-except  (safetensors' own error types)
-      raise ModelFileError(f"{self.paths[name]}: tensor {name} cannot be read ({e}); "
-                           "re-download or re-export the model.") from None
 
 
 class _Gguf:
@@ -324,9 +274,9 @@ def _load(path, overrides):
     config_path = os.path.join(path, "config.json")
     if not os.path.isfile(config_path):
       raise FileNotFoundError(f"{path} has no config.json; is it an HF model directory?")
-    with open(config_path) as f:
-      cfg = config_from_hf(json.load(f), where=config_path, **overrides)
-    return cfg, _read(_Safetensors(path), cfg)
+    hf_json = safetensors_file.read_json(config_path, "config.json")
+    cfg = config_from_hf(hf_json, where=config_path, **overrides)
+    return cfg, _read(safetensors_file.SafetensorsDir(path), cfg)
   if not path.endswith(".gguf"):
     raise ValueError(f"{path!r} is a file but not a .gguf; pass an HF model directory or a GGUF.")
   reader = gguf_file.GgufFile(path)

