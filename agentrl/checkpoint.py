@@ -150,7 +150,17 @@ class Checkpointer:
   """
 
   def __init__(self, directory: str, *, save_every: int, keep: int | None = 3,
-               async_save: bool = True):
+               keep_period: int | None = None, async_save: bool = True):
+    """Opens (or creates) the checkpoint directory.
+
+    Args:
+      directory: where the step directories go.
+      save_every: `save` writes only steps divisible by this (unless forced).
+      keep: the newest `keep` checkpoints are kept (None: all).
+      keep_period: steps divisible by it are kept besides the newest `keep` (e.g. the
+        evaluation steps, so `experiments.eval --config.step=N` finds them); None or 0: none.
+      async_save: write in a background thread; `close` waits for it.
+    """
     if save_every < 1:
       raise ValueError(f"save_every must be >= 1, got {save_every}")
     if keep is not None and keep < 1:
@@ -159,7 +169,7 @@ class Checkpointer:
     self.save_every = save_every
     logging.getLogger("absl").addFilter(_FILTER)  # idempotent: the same filter object
     options = ocp.CheckpointManagerOptions(
-        max_to_keep=keep,
+        max_to_keep=keep, keep_period=keep_period or None,
         enable_async_checkpointing=async_save, cleanup_tmp_directories=True, create=True)
     # Handlers named up front, so a reopened manager can read metadata before any save.
     self._manager = ocp.CheckpointManager(

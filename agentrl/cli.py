@@ -8,18 +8,23 @@ Every experiment ends with
     cli.run(train, _CONFIG.value, _WORKDIR.value)
 
   if __name__ == "__main__":
-    _CONFIG = config_flags.DEFINE_config_file("config", __file__, lock_config=True)
-    _WORKDIR = flags.DEFINE_string("workdir", "runs/<name>", "Output directory.")
+    _CONFIG, _WORKDIR = cli.define_flags(__file__)
     app.run(main, flags_parser=cli.parse_flags)
 
-`parse_flags` turns a missing config file, an unknown preset, an unknown or mistyped
-`--config.<key>` (with the closest existing key) and a bad flag into `error: ...` and exit
-code 2. `run` does the same for the errors a user can fix (ConfigError, an unusable or busy
-workdir, unreadable model files, checkpoints or JSONL data; exit 2) and for a run the loop stopped
-(divergence, collapse; exit 1), and prints where the last checkpoint is on Ctrl-C (exit 130).
-Anything else is a bug and keeps its traceback.
+`define_flags` defines --config (the file's presets, e.g. --config=experiments/grpo.py:smoke,
+and --config.<key>=value overrides), --workdir and --print_config. Without --workdir a run goes
+to runs/<experiment> for the default preset and runs/<experiment>_<preset> otherwise, so runs
+of different presets never share a directory. --print_config prints every resolved key with its
+type and range from the experiment's SCHEMA, and exits.
+
+A missing config file, an unknown preset, an unknown or mistyped `--config.<key>` (with the
+closest existing key) and a bad flag become `error: ...` and exit code 2. `run` does the same
+for the errors a user can fix (ConfigError, an unusable or busy workdir, unreadable model
+files, checkpoints or JSONL data; exit 2) and for a run the loop stopped (divergence,
+collapse; exit 1), and on Ctrl-C names the last checkpoint (exit 130). Anything else is a bug
+and keeps its traceback.
 """
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 import difflib
 import importlib.util
 import os
@@ -27,6 +32,7 @@ import sys
 from typing import Any
 
 from absl import flags
+from ml_collections import config_flags
 
 from agentrl import checkpoint
 from agentrl import configs
@@ -83,31 +89,22 @@ def _leaf_keys(config, prefix: str = "") -> list[str]:
   return out
 
 
-def _unknown_key(config, key: str) -> str | None:
+def _unknown_key(config, key: str, spec: str = "") -> str | None:
   """A message if config has no `key` (with the closest existing key), else None."""
   node = config
   for part in key.split("."):
     if not hasattr(node, "items") or part not in node:
       near = difflib.get_close_matches(key, _leaf_keys(config), n=1, cutoff=0.5)
       hint = f"; did you mean --config.{near[0]}?" if near else ""
-      return f"--config.{key}: config has no key {key!r}{hint}"
+      where = f" ({spec}; --print_config lists them)" if spec else ""
+      return f"--config.{key}: the config has no key {key!r}{where}{hint}"
     node = node[part]
   return None
 
 
-def parse_flags(argv: list[str]) -> list[str]:
-  """absl `flags_parser`: parses argv, or exits with one line naming the bad flag or key."""
-  spec = _config_arg(argv[1:])
-  if spec is not None:
-    path = spec.partition(":")[0]
-    if not os.path.isfile(path):
-      _fail(f"--config={spec}: no such file {path!r}; give an experiment's file, e.g. "
-            "--config=experiments/grpo.py:smoke")
-  try:
-    return flags.FLAGS(argv)
-  except Exception as e:  # pylint: disable=broad-except
-    error = e
-  # Find out which part was wrong: the preset, a key, or a value.
+def _diagnose(argv: Sequence[str], error: Exception, default_file: str | None):
+  """Exits with one line saying which part of argv was wrong: the preset, a key, or a value."""
+  spec = _config_arg(argv[1:]) or default_file
   if spec is not None:
     try:
       config = _load_config(spec)
@@ -117,14 +114,98 @@ def parse_flags(argv: list[str]) -> list[str]:
       config = None
     if config is not None:
       for key in _overrides(argv[1:]):
-        message = _unknown_key(config, key)
+        message = _unknown_key(config, key, spec)
         if message:
           _fail(message)
-  _fail(str(error).strip().splitlines()[-1] if str(error).strip() else type(error).__name__)
+  text = str(error).strip()
+  _fail(text.splitlines()[-1] if text else type(error).__name__)
+
+
+def _check_config_file(argv: Sequence[str]) -> None:
+  spec = _config_arg(argv[1:])
+  if spec is not None:
+    path = spec.partition(":")[0]
+    if not os.path.isfile(path):
+      _fail(f"--config={spec}: no such file {path!r}; give an experiment's file, e.g. "
+            "--config=experiments/grpo.py:smoke")
+
+
+_EXPERIMENT = {}  # "file": the experiment file given to define_flags
+
+
+def define_flags(experiment_file: str) -> tuple[Any, Any]:
+  """Defines --config, --workdir and --print_config; returns the (config, workdir) holders.
+
+  config_flags reads the --config.<key> overrides while the flag is defined, so a bad key or
+  preset is reported here, in one line.
+  """
+  _EXPERIMENT["file"] = os.path.relpath(experiment_file)
+  _check_config_file(sys.argv)
+  try:
+    config = config_flags.DEFINE_config_file("config", experiment_file, lock_config=True)
+  except Exception as e:  # pylint: disable=broad-except
+    _diagnose(sys.argv, e, _EXPERIMENT["file"])
+  workdir = flags.DEFINE_string(
+      "workdir", "", "Output directory; default runs/<experiment> (default preset) or "
+      "runs/<experiment>_<preset>, so runs of different presets never share one.")
+  flags.DEFINE_bool("print_config", False, "Print every resolved config key with its type and "
+                    "range, then exit.")
+  return config, workdir
+
+
+def parse_flags(argv: list[str]) -> list[str]:
+  """absl `flags_parser`: parses argv, or exits with one line naming the bad flag or key."""
+  _check_config_file(argv)
+  try:
+    return flags.FLAGS(argv)
+  except Exception as e:  # pylint: disable=broad-except
+    _diagnose(argv, e, _EXPERIMENT.get("file"))
+
+
+def default_workdir(argv: Sequence[str] | None = None) -> str:
+  """runs/<experiment>, or runs/<experiment>_<preset args> when --config names a preset."""
+  argv = sys.argv if argv is None else argv
+  name = os.path.splitext(os.path.basename(_EXPERIMENT.get("file", argv[0])))[0]
+  arg = (_config_arg(argv[1:]) or "").partition(":")[2]
+  suffix = "".join(c if c.isalnum() or c in "-." else "_" for c in arg.replace("=", "-"))
+  return os.path.join("runs", f"{name}_{suffix}" if suffix else name)
+
+
+def describe_config(config, schema: Mapping[str, configs.Key] | None) -> str:
+  """One line per leaf: `key = value  # type, range or choices` (from the SCHEMA)."""
+  lines = []
+  for key in _leaf_keys(config):
+    value = configs.get(config, key)
+    rule = (schema or {}).get(key)
+    if rule is None:
+      covering = [p for p in (schema or {}) if key.startswith(p + ".")]
+      rule = (schema or {}).get(covering[0]) if covering else None
+    note = ""
+    if rule is not None:
+      parts = [" or ".join(t.__name__ for t in (rule.type if isinstance(rule.type, tuple)
+                                                 else (rule.type,)))]
+      if rule.choices is not None:
+        parts.append("one of " + ", ".join(repr(c) for c in rule.choices))
+      if rule.min is not None or rule.max is not None:
+        parts.append(f"in [{'' if rule.min is None else rule.min}, "
+                     f"{'' if rule.max is None else rule.max}]")
+      note = "  # " + ", ".join(parts)
+    lines.append(f"{key} = {value!r}{note}")
+  return "\n".join(lines)
 
 
 def run(train: Callable[[Any, str], Any], config, workdir: str):
-  """train(config, workdir), with user errors, a stopped run and Ctrl-C as one line each."""
+  """train(config, workdir), with user errors, a stopped run and Ctrl-C as one line each.
+
+  An empty `workdir` means `default_workdir()`. With --print_config it prints the config and
+  the experiment's SCHEMA (the module global next to `train`) instead of training.
+  """
+  if "print_config" in flags.FLAGS and flags.FLAGS.print_config:
+    print(describe_config(config, train.__globals__.get("SCHEMA")))
+    print(f"\nA fork adds a key by setting it in get_config and describing it in SCHEMA "
+          f"({train.__globals__.get('__file__', 'the experiment file')}).")
+    return None
+  workdir = workdir or default_workdir()
   try:
     return train(config, workdir)
   except USER_ERRORS as e:
@@ -132,5 +213,7 @@ def run(train: Callable[[Any, str], Any], config, workdir: str):
   except loop.TrainingStopped as e:
     _fail(str(e), code=1)
   except KeyboardInterrupt:
-    _fail(f"interrupted; checkpoints are in {os.path.join(workdir, 'ckpt')} and the same "
-          "command resumes from the last one", code=130)
+    steps = checkpoint.saved_steps(os.path.join(workdir, "ckpt"))
+    where = (f"the last checkpoint is step {steps[-1]} in {os.path.join(workdir, 'ckpt')}; "
+             "the same command resumes from it" if steps else "no checkpoint was written yet")
+    _fail(f"interrupted; {where}", code=130)

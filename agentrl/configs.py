@@ -174,7 +174,8 @@ def validate(config: Mapping[str, Any], schema: Mapping[str, Key], *,
       near = [p for p in schema if p.rsplit(".", 1)[-1] == path.rsplit(".", 1)[-1]]
       hint = f" (did you mean config.{near[0]}?)" if near else ""
       raise ConfigError(f"config.{path} is not a key this experiment reads{hint}; "
-                        "remove it or fork the experiment to use it")
+                        "remove it, or (in a fork that reads it) describe it in the "
+                        "experiment file's SCHEMA dict")
 
 
 def require(condition: bool, message: str) -> None:

@@ -43,7 +43,8 @@ from agentrl.rollout import agent_loop
 from agentrl.rollout import pack as pack_lib
 
 # Keys whose values depend on wall time; everything else in a run's records is reproducible.
-TIMING_KEYS = ("time/rollout", "time/score", "time/update", "time/step", "tokens_per_s")
+TIMING_KEYS = ("time/rollout", "time/score", "time/update", "time/step", "time/eval",
+               "rollout/tokens_per_s", "update/tokens_per_s")
 
 
 class DataStream(Protocol):
@@ -79,6 +80,13 @@ def rollout_metrics(trajs: Sequence[agent_loop.Trajectory]) -> dict[str, float]:
           "rollout/sampled_tokens": float(sum(t.loss_mask.sum() for t in trajs))}
 
 
+def batch_metrics(trajs: Sequence[agent_loop.Trajectory], batch: types.Batch) -> dict[str, float]:
+  """Real (non-padding) tokens of the packed batch of `trajs`, and the padding fraction."""
+  B, T = batch.tokens_BT.shape
+  real = float(sum(min(len(t.tokens), T) for t in trajs))
+  return {"rollout/batch_tokens": real, "rollout/pad_frac": 1.0 - real / (B * T)}
+
+
 def env_rollout(sampler, params, tok, make_env: Callable[[], Any], seeds: Sequence[Any], *,
                 rng: jax.Array, group_size: int, max_turns: int, max_new_tokens: int,
                 max_len: int, temperature: float, chat_template: bool,
@@ -97,7 +105,7 @@ def env_rollout(sampler, params, tok, make_env: Callable[[], Any], seeds: Sequen
   trajs = groups.trajectories
   batch = pack_lib.pack(trajs, max_len=max_len, pad_id=tok.pad_id, min_len=min_len,
                         sharding=sharding)
-  host = {**groups.metrics, **rollout_metrics(trajs)}
+  host = {**groups.metrics, **rollout_metrics(trajs), **batch_metrics(trajs, batch)}
   extras = {}
   if greedy_baseline:
     greedy_B = np.repeat([t.reward for t in groups.baseline], group_size).astype(np.float32)
@@ -249,6 +257,7 @@ class Result:
   records: list[dict[str, Any]]            # every metrics record of the run (resumed ones too)
   evals: dict[str, dict[str, float]]       # str(step) -> eval metrics, including step "0"
   wall_seconds: float                      # this process's wall time in `run`
+  steps_run: int = 0                       # steps this process ran (0: it was already done)
 
 
 def run(state, *, rng: jax.Array, total_steps: int, workdir: str,
@@ -259,10 +268,10 @@ def run(state, *, rng: jax.Array, total_steps: int, workdir: str,
         epochs: int = 1, num_minibatches: int = 1, shuffle: bool = True,
         data: DataStream | None = None,
         evaluate: Callable[[Any], dict[str, float]] | None = None, eval_every: int = 0,
-        save_every: int = 50, keep: int = 2, async_save: bool = True,
+        save_every: int = 50, keep: int = 2, keep_period: int = 0, async_save: bool = True,
         tensorboard: bool = True, wandb: Mapping[str, Any] | None = None,
-        console: bool = True, stop_after_skipped: int = 10, stop_after_collapsed: int = 20,
-        entropy_floor: float = 1e-3) -> Result:
+        console: bool = True, heartbeat_s: float = 30.0, stop_after_skipped: int = 10,
+        stop_after_collapsed: int = 20, entropy_floor: float = 1e-3) -> Result:
   """Runs RL steps 1..total_steps from scratch or from the newest checkpoint in workdir/ckpt.
 
   Args:
@@ -277,7 +286,10 @@ def run(state, *, rng: jax.Array, total_steps: int, workdir: str,
     data: the prompt stream whose position is checkpointed.
     evaluate: params -> metrics (e.g. held-out greedy success), run before step 1, every
       `eval_every` steps and after the last; logged with an "eval/" prefix.
-    save_every, keep, async_save: checkpoint cadence (the last step is always saved).
+    console, heartbeat_s: print a progress line per step, and "<phase>: 30s so far" every
+      heartbeat_s seconds while a phase (rollout, score, update, evaluation) runs.
+    save_every, keep, keep_period, async_save: checkpoint cadence (the last step is always
+      saved), how many of the newest to keep, and a period whose multiples are kept as well.
     stop_after_skipped, stop_after_collapsed: raise TrainingStopped after that many
       consecutive steps in which every update was skipped, or the gradient norm was exactly 0
       with the sampled tokens' entropy <= `entropy_floor` (0 disables either). Such steps are
@@ -285,7 +297,7 @@ def run(state, *, rng: jax.Array, total_steps: int, workdir: str,
   """
   start = time.perf_counter()
   ckpt = checkpoint_lib.Checkpointer(f"{workdir}/ckpt", save_every=save_every, keep=keep,
-                                     async_save=async_save)
+                                     keep_period=keep_period, async_save=async_save)
   step, evals = 0, {}
   if ckpt.latest_step() is not None:
     tree, meta = ckpt.restore({"state": state, "rng": rng})
@@ -296,35 +308,51 @@ def run(state, *, rng: jax.Array, total_steps: int, workdir: str,
   writer = metrics_lib.Writer(workdir, total_steps=total_steps, tensorboard=tensorboard,
                               wandb=wandb, console=console,
                               resume_step=step if step else None)
-  if evaluate is not None and "0" not in evals:
-    evals["0"] = _prefixed(evaluate(state.params))
+  beat = metrics_lib.Heartbeat(heartbeat_s if console else 0.0)
   limits = {"skipped": stop_after_skipped, "collapsed": stop_after_collapsed}
-  streak, last_saved = {"skipped": 0, "collapsed": 0}, step
+  streak, last_saved, first_step = {"skipped": 0, "collapsed": 0}, step, step + 1
   try:
-    while step < total_steps:
-      step += 1
-      state, record = _step(state, step, rng, rollout_fn, score_fn, advantage_fn, update_fn,
-                            epochs=epochs, num_minibatches=num_minibatches, shuffle=shuffle)
-      if evaluate is not None and (step == total_steps or (eval_every and step % eval_every == 0)):
-        evals[str(step)] = _prefixed(evaluate(state.params))
-        record.update(evals[str(step)])
-      writer.write(step, record)
-      trouble = _unhealthy(record, epochs * num_minibatches, entropy_floor)
-      streak = {k: streak[k] + 1 if k == trouble else 0 for k in streak}
-      if trouble and limits[trouble] and streak[trouble] >= limits[trouble]:
-        why = _STOP_ADVICE[trouble].format(n=streak[trouble], floor=entropy_floor)
-        where = (f"The last checkpoint is {ckpt.directory}/{last_saved}" if last_saved else
-                 "No checkpoint was written.")
-        raise TrainingStopped(f"stopped at step {step}: {why}. {where}")
-      if not trouble:
-        meta = {"step": step, "evals": evals, "data": data.state() if data is not None else {}}
-        if ckpt.save(step, {"state": state, "rng": rng}, meta, force=step == total_steps):
-          last_saved = step
+    with beat:
+      if evaluate is not None and "0" not in evals:
+        evals["0"] = _evaluate(evaluate, state.params, beat, "baseline evaluation")
+        writer.write(0, evals["0"])  # the baseline point of every eval curve
+      while step < total_steps:
+        step += 1
+        state, record = _step(state, step, rng, rollout_fn, score_fn, advantage_fn, update_fn,
+                              epochs=epochs, num_minibatches=num_minibatches, shuffle=shuffle,
+                              beat=beat)
+        if evaluate is not None and (step == total_steps or
+                                     (eval_every and step % eval_every == 0)):
+          evals[str(step)] = _evaluate(evaluate, state.params, beat, f"step {step}: evaluation")
+          record.update(evals[str(step)])
+        writer.write(step, record, note="includes compilation" if step == first_step else "")
+        trouble = _unhealthy(record, epochs * num_minibatches, entropy_floor)
+        streak = {k: streak[k] + 1 if k == trouble else 0 for k in streak}
+        if trouble and limits[trouble] and streak[trouble] >= limits[trouble]:
+          why = _STOP_ADVICE[trouble].format(n=streak[trouble], floor=entropy_floor)
+          where = (f"The last checkpoint is {ckpt.directory}/{last_saved}" if last_saved else
+                   "No checkpoint was written.")
+          raise TrainingStopped(f"stopped at step {step}: {why}. {where}")
+        if not trouble:
+          meta = {"step": step, "evals": evals, "data": data.state() if data is not None else {}}
+          if ckpt.save(step, {"state": state, "rng": rng}, meta, force=step == total_steps):
+            last_saved = step
   finally:
     ckpt.close()
     writer.close()
   return Result(state=state, step=step, records=metrics_lib.read_jsonl(writer.path),
-                evals=evals, wall_seconds=time.perf_counter() - start)
+                evals={k: {m: v for m, v in e.items() if m != "time/eval"}
+                       for k, e in evals.items()},
+                wall_seconds=time.perf_counter() - start, steps_run=step - first_step + 1)
+
+
+def _evaluate(evaluate, params, beat, label: str) -> dict[str, float]:
+  """evaluate(params) with an "eval/" prefix on its keys, plus its wall time as time/eval."""
+  beat.phase(label)
+  start = time.perf_counter()
+  out = _prefixed(evaluate(params))
+  beat.phase(None)
+  return {**out, "time/eval": time.perf_counter() - start}
 
 
 def _prefixed(scalars: Mapping[str, Any]) -> dict[str, float]:
@@ -332,32 +360,50 @@ def _prefixed(scalars: Mapping[str, Any]) -> dict[str, float]:
 
 
 def _step(state, step, rng, rollout_fn, score_fn, advantage_fn, update_fn, *, epochs,
-          num_minibatches, shuffle):
-  """One RL step; returns (state, flat host metrics)."""
-  times, t0 = {}, time.perf_counter()
+          num_minibatches, shuffle, beat):
+  """One RL step; returns (state, flat host metrics).
+
+  Each phase is timed up to the moment its results are ready on the device (JAX dispatch is
+  asynchronous), so time/rollout + time/score + time/update == time/step.
+  """
+  marks = [time.perf_counter()]
   step_rng = jax.random.fold_in(rng, step)
   rollout_rng, shuffle_rng = jax.random.split(step_rng)
-  with metrics_lib.timed(times, "rollout"):
-    rollout = rollout_fn(state.params, rollout_rng, step)
+  beat.phase(f"step {step}: rollout")
+  rollout = rollout_fn(state.params, rollout_rng, step)
+  jax.block_until_ready(rollout.batch)
+  marks.append(time.perf_counter())
   keys = [jax.random.fold_in(shuffle_rng, epoch) if shuffle else None for epoch in range(epochs)]
   # Between the rollout's explicit device_put and the metrics' device_get everything stays on
   # device (style.md C9); an accidental host round trip here fails loudly.
-  with metrics_lib.timed(times, "score"), jax.transfer_guard("disallow"):
+  beat.phase(f"step {step}: score")
+  with jax.transfer_guard("disallow"):
     batch, score_metrics = score_fn(state.params, rollout.batch)
     batch, adv_metrics = advantage_fn(batch, rollout.extras)
   score_metrics = jax.device_get({**score_metrics, **adv_metrics})
-  with metrics_lib.timed(times, "update"):
-    parts = [mb for key in keys for mb in minibatches(batch, num=num_minibatches, rng=key)]
-    per_update = []
-    with jax.transfer_guard("disallow"):
-      for minibatch in parts:
-        state, update_metrics = update_fn(state, minibatch)
-        per_update.append(update_metrics)
-    # Every update of the step is dispatched before the one device_get: the next rollout
-    # needs the new params anyway, so deferring the fetch further would buy no overlap.
-    update_metrics = _mean_metrics(per_update)
-  times["time/step"] = time.perf_counter() - t0
+  jax.block_until_ready(batch)
+  marks.append(time.perf_counter())
+  beat.phase(f"step {step}: update")
+  parts = [mb for key in keys for mb in minibatches(batch, num=num_minibatches, rng=key)]
+  per_update = []
+  with jax.transfer_guard("disallow"):
+    for minibatch in parts:
+      state, update_metrics = update_fn(state, minibatch)
+      per_update.append(update_metrics)
+  # Every update of the step is dispatched before the one device_get: the next rollout needs
+  # the new params anyway, so deferring the fetch further would buy no overlap.
+  update_metrics = _mean_metrics(per_update)
+  jax.block_until_ready(state)
+  marks.append(time.perf_counter())
+  beat.phase(None)
+  times = {f"time/{name}": b - a for name, a, b in zip(("rollout", "score", "update"),
+                                                        marks, marks[1:])}
+  times["time/step"] = marks[-1] - marks[0]
   record = {**rollout.metrics, **{k: float(v) for k, v in score_metrics.items()},
             **update_metrics, **times}
-  record["tokens_per_s"] = rollout.metrics.get("rollout/sampled_tokens", 0.0) / times["time/step"]
+  record["rollout/tokens_per_s"] = (rollout.metrics.get("rollout/sampled_tokens", 0.0)
+                                    / times["time/rollout"])
+  if "rollout/batch_tokens" in rollout.metrics:  # real (non-padding) tokens of the batch
+    record["update/tokens_per_s"] = (epochs * rollout.metrics["rollout/batch_tokens"]
+                                     / times["time/update"])
   return state, record

@@ -5,9 +5,11 @@ Each row of a batch is one pull: token 1 of the row is the arm, its log-prob com
 softmax over 4 logits, and arm 3 pays 1. The shared driver must make the reward go up, skip
 non-finite updates, and resume from a checkpoint to exactly the uninterrupted run's records.
 """
+import io
 import os
 import shutil
 import tempfile
+from unittest import mock
 
 from absl.testing import absltest
 import jax
@@ -91,8 +93,9 @@ class _Bandit:
         self.init_state(), rng=jax.random.key(0), total_steps=total_steps, workdir=workdir,
         rollout_fn=self.rollout, score_fn=jax.jit(self.score),
         advantage_fn=jax.jit(self.advantage),
-        update_fn=update, data=self.data, console=False, tensorboard=False,
-        evaluate=lambda params: {"p_best": jax.nn.softmax(params["logits"])[3]}, **kwargs)
+        update_fn=update, data=self.data, tensorboard=False,
+        evaluate=lambda params: {"p_best": jax.nn.softmax(params["logits"])[3]},
+        **{"console": False, **kwargs})
 
 
 def _reproducible(records):
@@ -104,13 +107,38 @@ class RunTest(absltest.TestCase):
   def test_reward_rises_and_evals_are_recorded(self):
     result = _Bandit().run(_tmpdir(self), total_steps=8, num_minibatches=2, epochs=2)
     self.assertEqual(result.step, 8)
-    self.assertEqual([r["step"] for r in result.records], list(range(1, 9)))
+    # Step 0 holds the baseline evaluation, so every eval curve starts before RL.
+    self.assertEqual([r["step"] for r in result.records], list(range(0, 9)))
+    self.assertEqual(set(result.records[0]), {"step", "eval/p_best", "time/eval"})
     self.assertAlmostEqual(result.evals["0"]["eval/p_best"], 0.25, places=6)
+    self.assertAlmostEqual(result.records[0]["eval/p_best"], 0.25, places=6)
     self.assertGreater(result.evals["8"]["eval/p_best"], 0.9)
     self.assertEqual(result.records[-1]["eval/p_best"], result.evals["8"]["eval/p_best"])
     self.assertEqual(int(result.state.step), 8 * 2 * 2)  # optimizer updates
-    for key in ("loss", "grad_norm", "skipped", "entropy", "time/rollout", "tokens_per_s"):
-      self.assertIn(key, result.records[0])
+    self.assertEqual(result.steps_run, 8)
+    for key in ("loss", "grad_norm", "skipped", "entropy", "time/rollout",
+                "rollout/tokens_per_s"):
+      self.assertIn(key, result.records[1])
+
+  def test_phase_times_sum_to_the_step_time(self):
+    result = _Bandit().run(_tmpdir(self), total_steps=3)
+    for r in result.records[1:]:
+      phases = r["time/rollout"] + r["time/score"] + r["time/update"]
+      self.assertAlmostEqual(phases, r["time/step"], delta=1e-9 * r["time/step"] + 1e-12)
+      self.assertGreater(r["time/update"], 0.0)
+
+  def test_progress_line_and_heartbeat(self):
+    out = io.StringIO()
+    with mock.patch("sys.stdout", out):
+      _Bandit().run(_tmpdir(self), total_steps=2, console=True, heartbeat_s=1e-3)
+    lines = out.getvalue().splitlines()
+    steps = [l for l in lines if l.startswith("step ")]
+    self.assertLen(steps, 3)  # the baseline evaluation (step 0), steps 1 and 2
+    self.assertTrue(steps[1].endswith("(includes compilation)"), steps[1])
+    self.assertNotIn("compilation", steps[2])
+    self.assertIn(" = step ", steps[1])
+    # The heartbeat reports the phases of long steps (here every phase is "long").
+    self.assertTrue(any(l.startswith("  step 1: ") and "so far" in l for l in lines), lines)
 
   def test_nonfinite_update_is_skipped_and_logged(self):
     result = _Bandit(nan_at_step=2).run(_tmpdir(self), total_steps=3)

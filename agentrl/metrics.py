@@ -9,8 +9,12 @@ Resuming: `Writer(workdir, ..., resume_step=s)` drops JSONL records after step s
 to the killed run's unsaved steps, which the resumed run recomputes) and starts TensorBoard
 with `purge_step=s + 1`, so the files read exactly as if the run had never stopped.
 
-Well-known keys, shown on the console line when present: reward, success, kl, entropy,
-clipfrac, tokens_per_s, time/rollout, time/score, time/update.
+Well-known keys, shown on the console line when present: reward, success (the rollout's
+sampled success, at the sampling temperature), eval/success (held-out greedy success), kl,
+entropy, clipfrac, rollout/turn_cut_frac, and the phase times with their throughputs:
+time/rollout (rollout/tokens_per_s: sampled tokens per second of rollout), time/score,
+time/update (update/tokens_per_s: real, non-padding tokens trained on per second of update),
+which sum to time/step; time/eval is an evaluation's time, outside the step.
 """
 from collections.abc import Iterator, Mapping, Sequence
 import contextlib
@@ -18,6 +22,7 @@ import json
 import math
 import os
 import sys
+import threading
 import time
 from typing import Any
 
@@ -28,13 +33,16 @@ JSONL = "metrics.jsonl"
 # (key, console label, format) for the progress line, in display order.
 _CONSOLE = (
     ("reward", "reward", "{:.3f}"),
-    ("success", "success", "{:.1%}"),
+    ("success", "sampled success", "{:.1%}"),
+    ("eval/success", "held-out greedy success", "{:.1%}"),
     ("kl", "kl", "{:.2e}"),
     ("entropy", "ent", "{:.3f}"),
     ("clipfrac", "clip", "{:.3f}"),
-    ("tokens_per_s", "tok/s", "{:,.0f}"),
+    ("rollout/turn_cut_frac", "cut", "{:.0%}"),
 )
-_TIMES = ("time/rollout", "time/score", "time/update")
+# (phase time key, its throughput key or None): the phases of a step, which sum to time/step.
+_PHASES = (("time/rollout", "rollout/tokens_per_s"), ("time/score", None),
+           ("time/update", "update/tokens_per_s"))
 
 
 def to_python(value: Any) -> float | int | None:
@@ -72,19 +80,32 @@ def _truncate_jsonl(path: str, last_step: int) -> None:
   os.replace(tmp, path)  # atomic: a kill here leaves either the old or the new file
 
 
-def progress_line(step: int, total_steps: int, scalars: Mapping[str, Any]) -> str:
-  """'step 3/150 | reward 0.420 | success 40.0% | ... | rollout 0.51s score 0.10s ...'."""
+def progress_line(step: int, total_steps: int, scalars: Mapping[str, Any],
+                  note: str = "") -> str:
+  """'step 3/150 | reward 0.420 | ... | rollout 0.51s (9,000 tok/s) + score ... = step 0.9s'.
+
+  `note` is appended in parentheses (e.g. that the step includes compilation).
+  """
   parts = [f"step {step}/{total_steps}"]
   for key, label, fmt in _CONSOLE:
     value = scalars.get(key)
     if value is not None:
       parts.append(f"{label} {fmt.format(value)}")
-  times = [f"{k.split('/')[1]} {scalars[k]:.2f}s" for k in _TIMES if scalars.get(k) is not None]
-  if times:
-    parts.append(" ".join(times))
+  phases = []
+  for key, rate in _PHASES:
+    if scalars.get(key) is not None:
+      speed = f" ({scalars[rate]:,.0f} tok/s)" if scalars.get(rate) else ""
+      phases.append(f"{key.split('/')[1]} {scalars[key]:.2f}s{speed}")
+  if phases:
+    total = (f" = step {scalars['time/step']:.2f}s" if scalars.get("time/step") is not None
+             else "")
+    parts.append(" + ".join(phases) + total)
+  if scalars.get("time/eval") is not None:
+    parts.append(f"eval {scalars['time/eval']:.2f}s")
   if scalars.get("skipped"):
     parts.append("SKIPPED (non-finite loss)")
-  return " | ".join(parts)
+  line = " | ".join(parts)
+  return f"{line} ({note})" if note else line
 
 
 def format_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
@@ -118,6 +139,46 @@ def timed(times: dict[str, float], name: str) -> Iterator[None]:
   finally:
     key = f"time/{name}"
     times[key] = times.get(key, 0.0) + time.perf_counter() - start
+
+
+class Heartbeat:
+  """Prints "  <label>: 30s so far" every `period` seconds while a long phase runs.
+
+  A real model's rollout or update can take minutes with nothing on the console; the loop sets
+  the current phase with `phase(label)` and `phase(None)` when idle. Runs one daemon thread;
+  use as a context manager. period <= 0 disables it.
+  """
+
+  def __init__(self, period: float, stream=None):
+    self.period, self._stream = period, stream or sys.stdout
+    self._label, self._start, self._due = None, 0.0, math.inf
+    self._lock, self._stop = threading.Lock(), threading.Event()
+    self._thread = threading.Thread(target=self._beat, daemon=True)
+
+  def phase(self, label: str | None) -> None:
+    with self._lock:
+      self._label, self._start = label, time.perf_counter()
+      self._due = self._start + self.period
+
+  def _beat(self) -> None:
+    while not self._stop.wait(min(self.period / 4, 1.0)):
+      with self._lock:
+        now, label = time.perf_counter(), self._label
+        due = label is not None and now >= self._due
+        if due:
+          self._due += self.period
+      if due:
+        print(f"  {label}: {now - self._start:.0f}s so far", file=self._stream, flush=True)
+
+  def __enter__(self) -> "Heartbeat":
+    if self.period > 0:
+      self._thread.start()
+    return self
+
+  def __exit__(self, *exc) -> None:
+    self._stop.set()
+    if self._thread.is_alive():
+      self._thread.join()
 
 
 class Writer:
@@ -156,8 +217,11 @@ class Writer:
       import wandb as wandb_lib  # pylint: disable=g-import-not-at-top
       self._wandb = wandb_lib.init(dir=workdir, **dict(wandb))
 
-  def write(self, step: int, scalars: Mapping[str, Any]) -> dict[str, Any]:
-    """Logs `scalars` for `step` everywhere; returns the JSON record written."""
+  def write(self, step: int, scalars: Mapping[str, Any], note: str = "") -> dict[str, Any]:
+    """Logs `scalars` for `step` everywhere; returns the JSON record written.
+
+    `note` goes on the console line only (e.g. "includes compilation"), not into the record.
+    """
     record = {"step": int(step), **{k: to_python(v) for k, v in scalars.items()}}
     self._file.write(json.dumps(record) + "\n")
     self._file.flush()  # a killed run keeps every completed step's line
@@ -168,7 +232,8 @@ class Writer:
     if self._wandb is not None:
       self._wandb.log(numeric, step=step)
     if self.console:
-      print(progress_line(step, self.total_steps, record), file=self._stream, flush=True)
+      print(progress_line(step, self.total_steps, record, note), file=self._stream,
+            flush=True)
     return record
 
   def records(self) -> list[dict[str, Any]]:

@@ -2,6 +2,7 @@
 import io
 import json
 import os
+import time
 import shutil
 import sys
 import tempfile
@@ -36,7 +37,8 @@ class WriterTest(absltest.TestCase):
         {"step": 1, "reward": 0.5, "success": 0.25, "time/rollout": 1.5, "skipped": 0},
         {"step": 2, "reward": 0.75, "loss": None}])
     lines = out.getvalue().splitlines()
-    self.assertEqual(lines[0], "step 1/2 | reward 0.500 | success 25.0% | rollout 1.50s")
+    self.assertEqual(lines[0],
+                     "step 1/2 | reward 0.500 | sampled success 25.0% | rollout 1.50s")
     self.assertTrue(os.listdir(os.path.join(d, "tb"))[0].startswith("events.out.tfevents"))
 
   def test_resume_drops_later_records_and_torn_lines(self):
@@ -85,12 +87,27 @@ class FormattingTest(absltest.TestCase):
 
   def test_progress_line_full(self):
     line = metrics.progress_line(3, 10, {
-        "reward": 0.42, "success": 0.4, "kl": 1e-3, "entropy": 1.234, "clipfrac": 0.05,
-        "tokens_per_s": 12345.6, "time/rollout": 0.5, "time/score": 0.1, "time/update": 0.25,
-        "skipped": 1})
+        "reward": 0.42, "success": 0.4, "eval/success": 0.5, "kl": 1e-3, "entropy": 1.234,
+        "clipfrac": 0.05, "rollout/turn_cut_frac": 0.25, "rollout/tokens_per_s": 12345.6,
+        "update/tokens_per_s": 800.0, "time/rollout": 0.5, "time/score": 0.1,
+        "time/update": 0.25, "time/step": 0.85, "time/eval": 2.0, "skipped": 1},
+                                 note="includes compilation")
     self.assertEqual(
-        line, "step 3/10 | reward 0.420 | success 40.0% | kl 1.00e-03 | ent 1.234 | clip 0.050"
-        " | tok/s 12,346 | rollout 0.50s score 0.10s update 0.25s | SKIPPED (non-finite loss)")
+        line, "step 3/10 | reward 0.420 | sampled success 40.0% | held-out greedy success 50.0%"
+        " | kl 1.00e-03 | ent 1.234 | clip 0.050 | cut 25% | rollout 0.50s (12,346 tok/s) + "
+        "score 0.10s + update 0.25s (800 tok/s) = step 0.85s | eval 2.00s"
+        " | SKIPPED (non-finite loss) (includes compilation)")
+
+  def test_heartbeat_prints_while_a_phase_runs(self):
+    out = io.StringIO()
+    with metrics.Heartbeat(0.2, stream=out) as beat:
+      beat.phase("step 1: rollout")
+      time.sleep(0.75)
+      beat.phase(None)
+      time.sleep(0.4)  # idle: nothing more is printed
+    lines = out.getvalue().splitlines()
+    self.assertGreaterEqual(len(lines), 2)
+    self.assertTrue(all(l.startswith("  step 1: rollout: ") for l in lines), lines)
 
   def test_tables(self):
     table = metrics.format_table(["name", "value"], [["a", 1.23456], ["bb", 2]])

@@ -21,6 +21,7 @@ artifact.
 from collections.abc import Callable
 import functools
 import os
+import time
 
 from flax import nnx
 import jax
@@ -194,7 +195,10 @@ def loop_options(config: mlc.ConfigDict) -> dict:
   wandb = {"project": lc.wandb_project, "config": config.to_dict()} if lc.wandb_project else None
   uc = config.updates
   return dict(epochs=uc.epochs, num_minibatches=uc.minibatches, eval_every=config.eval.every,
-              save_every=lc.save_every, keep=lc.keep, tensorboard=lc.tensorboard, wandb=wandb,
+              # The newest `keep` checkpoints, and those of the evaluation steps (for
+              # experiments.eval --config.step=N) when they were saved.
+              save_every=lc.save_every, keep=lc.keep, keep_period=config.eval.every,
+              tensorboard=lc.tensorboard, wandb=wandb,
               stop_after_skipped=uc.stop_after_skipped,
               stop_after_collapsed=uc.stop_after_collapsed)
 
@@ -248,8 +252,11 @@ def build_policy(config: mlc.ConfigDict, mesh) -> tuple[tokenizer_lib.Tokenizer,
         lambda: transformer.Transformer(cfg, rngs=nnx.Rngs(config.seed)), mesh, rules)
     return tok, graphdef, params
   path = mc.path or hf.smollm2_path()
+  print(f"Loading {mc.variant} from {path} ({mc.dtype}) ...", flush=True)
+  start = time.perf_counter()
   tok = tokenizer_lib.load(path)
   cfg, params = hf.load(path, dtype=mc.dtype)
+  print(f"Loaded in {time.perf_counter() - start:.0f}s.", flush=True)
   graphdef = nnx.split(nnx.eval_shape(lambda: transformer.Transformer(cfg, rngs=nnx.Rngs(0))))[0]
   return tok, graphdef, sharding.reshard(params, sharding.tree_shardings(params, mesh, rules))
 
@@ -267,13 +274,23 @@ def warm_start(config: mlc.ConfigDict, workdir: str, mesh, graphdef, params,
   if ckpt.latest_step() is not None:
     tree, info = ckpt.restore({"params": params})
     ckpt.close()
+    print(f"SFT warm start: reusing {ckpt.directory} (validation greedy success "
+          f"{info['success']:.1%}).", flush=True)
     return tree["params"], info
+  sc = config.sft
+  print(f"SFT warm start: up to {sc.steps_max} steps (sft.steps_max), until validation greedy "
+        f"success on {sc.eval_problems} problems reaches {sc.target_success:.0%} "
+        "(sft.target_success)", flush=True)
   params, info = sft.warm_start(graphdef, params, tok, mesh=mesh, rules=config.sharding_rules,
                                 digits=config.task.digits,
-                                logprob_impl=config.model.logprob_impl, **config.sft)
+                                logprob_impl=config.model.logprob_impl, **sc)
   info = {k: info[k] for k in ("steps", "success", "seconds", "stopped")}
-  print(f"SFT warm start: {info['steps']} steps, validation greedy success "
-        f"{info['success']:.1%} (stopped: {info['stopped']})", flush=True)
+  why = (f"reached sft.target_success={sc.target_success:.0%}" if info["stopped"] == "target"
+         else f"hit sft.steps_max={sc.steps_max} below the target {sc.target_success:.0%}")
+  print(f"SFT warm start done in {info['seconds']:.0f}s: {info['steps']} steps, validation "
+        f"greedy success {info['success']:.1%}; stopped because it {why}. RL starts from this "
+        "policy; the progress lines below show *sampled* success at the rollout temperature, "
+        "lower than greedy.", flush=True)
   ckpt.save(0, {"params": params}, info, force=True)
   ckpt.close()
   return params, info

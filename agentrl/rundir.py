@@ -145,27 +145,66 @@ CURVES = ("reward", "success", "kl", "entropy", "clipfrac", "loss", "grad_norm",
           "groups_with_signal", "eval/success")
 
 
+def _seconds(records, sft_info) -> dict[str, float]:
+  """Where the run's time went, summed over its records (so resumed runs count every step)."""
+  total = lambda key: float(sum(r.get(key) or 0.0 for r in records))
+  return {"sft": float((sft_info or {}).get("seconds", 0.0)), "train": total("time/step"),
+          "rollout": total("time/rollout"), "score": total("time/score"),
+          "update": total("time/update"), "eval": total("time/eval")}
+
+
 def write_summary(workdir: str, result: loop.Result, *, name: str, start: float,
                   sft_info: dict | None = None) -> dict:
-  """Prints the before/after table and writes summary.json and curves.png."""
-  wall_seconds = time.perf_counter() - start
+  """Prints the before/after table and writes summary.json and curves.png.
+
+  summary.json's `seconds` splits the run's time into SFT, RL training (its rollout, score and
+  update phases) and evaluations, summed over every step's record, so a resumed run reports
+  the whole run. A run that was already complete (this process ran no step) keeps its
+  summary.json and curves.png; the table is printed from them.
+  """
+  path = os.path.join(workdir, "summary.json")
+  if result.steps_run == 0 and os.path.exists(path):
+    with open(path) as f:
+      summary = json.load(f)
+    print(f"{workdir} is already complete ({result.step} steps); its summary.json is kept.")
+    _print_summary(summary, result.records, workdir)
+    unlock(workdir)
+    return summary
   before = result.evals["0"]["eval/success"]
   after = result.evals[str(result.step)]["eval/success"]
+  config = read_config(workdir) if os.path.exists(os.path.join(workdir, "config.json")) else None
   summary = {"method": name, "success_before": before, "success_after": after,
-             "steps": result.step, "wall_seconds": wall_seconds, "sft": sft_info or {},
+             "eval_problems": config.eval.num_problems if config and "eval" in config else None,
+             "steps": result.step, "seconds": _seconds(result.records, sft_info),
+             "process_seconds": time.perf_counter() - start, "sft": sft_info or {},
              "final": {k: v for k, v in result.records[-1].items()
                        if k not in loop.TIMING_KEYS}}
-  with open(os.path.join(workdir, "summary.json"), "w") as f:
+  with open(path + ".tmp", "w") as f:
     json.dump(summary, f, indent=2)
+  os.replace(path + ".tmp", path)
   metrics_lib.plot_curves(result.records, os.path.join(workdir, "curves.png"), list(CURVES),
                           title=name)
-  print(metrics_lib.summary_table(result.records, ["reward", "success", "kl", "entropy",
-                                                   "clipfrac", "grad_norm"]))
-  print()
-  print(metrics_lib.format_table(
-      ["held-out greedy success", "before RL", "after RL", "change"],
-      [[f"{len(result.evals)} evals", f"{before:.1%}", f"{after:.1%}",
-        f"{100 * (after - before):+.1f} points"]]))
-  print(f"\n{name}: {result.step} steps in {wall_seconds:.0f}s -> {workdir}")
+  _print_summary(summary, result.records, workdir)
   unlock(workdir)
   return summary
+
+
+def _print_summary(summary: dict, records, workdir: str) -> None:
+  print(metrics_lib.summary_table([r for r in records if r.get("step", 0) > 0],
+                                  ["reward", "success", "kl", "entropy", "clipfrac",
+                                   "grad_norm"]))
+  print()
+  before, after = summary["success_before"], summary["success_after"]
+  n = summary.get("eval_problems")
+  print(metrics_lib.format_table(
+      ["held-out greedy success", "before RL", "after RL", "change"],
+      [[f"{n} problems" if n else "held-out set", f"{before:.1%}", f"{after:.1%}",
+        f"{100 * (after - before):+.1f} points"]]))
+  print(f"\n{summary['method']}: {summary['steps']} steps -> {workdir}")
+  sec = summary.get("seconds")
+  if not sec:  # a summary written before the time split existed
+    return
+  sft = f"SFT {sec['sft']:.0f}s, " if sec["sft"] else ""
+  print(f"time: {sft}RL training {sec['train']:.0f}s (rollout {sec['rollout']:.0f}s, score "
+        f"{sec['score']:.0f}s, update {sec['update']:.0f}s), evaluations {sec['eval']:.0f}s; "
+        f"this process {summary.get('process_seconds', 0):.0f}s")

@@ -110,15 +110,29 @@ class SummaryTest(absltest.TestCase):
       writer.write(r["step"], {k: v for k, v in r.items() if k != "step"})
     writer.close()
     result = types.SimpleNamespace(
-        step=2, records=metrics.read_jsonl(writer.path),
+        step=2, records=metrics.read_jsonl(writer.path), steps_run=2,
         evals={"0": {"eval/success": 0.25}, "2": {"eval/success": 0.5}})
     with mock.patch("builtins.print"):
-      summary = rundir.write_summary(workdir, result, name="TEST", start=0.0)
+      summary = rundir.write_summary(workdir, result, name="TEST", start=0.0,
+                                     sft_info={"seconds": 3.0})
     self.assertEqual((summary["success_before"], summary["success_after"]), (0.25, 0.5))
     self.assertEqual(summary["method"], "TEST")
     self.assertNotIn("time/step", summary["final"])
+    self.assertEqual(summary["seconds"]["train"], 2.0)   # summed over the records
+    self.assertEqual(summary["seconds"]["sft"], 3.0)
     for name in ("summary.json", "curves.png"):
       self.assertTrue(os.path.exists(os.path.join(workdir, name)), name)
+    # Re-running a finished run (no step ran) keeps its summary and figures.
+    with open(os.path.join(workdir, "summary.json")) as f:
+      written = f.read()
+    with mock.patch("builtins.print") as printed:
+      again = rundir.write_summary(workdir, types.SimpleNamespace(**{**vars(result),
+                                                                    "steps_run": 0}),
+                                   name="TEST", start=0.0)
+    with open(os.path.join(workdir, "summary.json")) as f:
+      self.assertEqual(f.read(), written)
+    self.assertEqual(again, json.loads(written))
+    self.assertIn("already complete", printed.call_args_list[0].args[0])
 
 
 if __name__ == "__main__":

@@ -35,12 +35,10 @@ information-gain rollout and the loop are all here; the building blocks come fro
 agentrl.recipe and agentrl.loop.
 """
 from absl import app
-from absl import flags
 from flax import nnx
 import jax
 import jax.numpy as jnp
 import ml_collections as mlc
-from ml_collections import config_flags
 import numpy as np
 
 from agentrl import advantages
@@ -207,7 +205,7 @@ def make_rollout_fn(config, sampler, tok, make_env, data, mesh, probe_step):
               "turn_mask_BU": jax.device_put(turn_mask, rows)}
     batch = pack.pack(trajs, max_len=rc.max_len, pad_id=tok.pad_id, min_len=rc.max_len,
                       sharding=rows)
-    host = {**groups.metrics, **loop.rollout_metrics(trajs)}
+    host = {**groups.metrics, **loop.rollout_metrics(trajs), **loop.batch_metrics(trajs, batch)}
     return loop.Rollout(batch=batch, metrics=host, extras=extras)
 
   return rollout_fn
@@ -259,6 +257,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  _CONFIG = config_flags.DEFINE_config_file("config", __file__, lock_config=True)
-  _WORKDIR = flags.DEFINE_string("workdir", "runs/agent", "Output directory.")
+  _CONFIG, _WORKDIR = cli.define_flags(__file__)
   app.run(main, flags_parser=cli.parse_flags)

@@ -10,12 +10,10 @@ clipped and detached instead of the update, so every token keeps a gradient (alg
 to the reference of 0.001, token-mean aggregation; GRPO advantages.
 """
 from absl import app
-from absl import flags
 from flax import nnx
 import jax
 import jax.numpy as jnp
 import ml_collections as mlc
-from ml_collections import config_flags
 
 from agentrl import advantages
 from agentrl import cli
@@ -118,6 +116,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  _CONFIG = config_flags.DEFINE_config_file("config", __file__, lock_config=True)
-  _WORKDIR = flags.DEFINE_string("workdir", "runs/cispo", "Output directory.")
+  _CONFIG, _WORKDIR = cli.define_flags(__file__)
   app.run(main, flags_parser=cli.parse_flags)

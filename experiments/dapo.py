@@ -16,12 +16,10 @@ algorithms.md §4.5:
 and no KL term.
 """
 from absl import app
-from absl import flags
 from flax import nnx
 import jax
 import jax.numpy as jnp
 import ml_collections as mlc
-from ml_collections import config_flags
 
 from agentrl import advantages
 from agentrl import cli
@@ -120,7 +118,8 @@ def make_rollout_fn(config, sampler, tok, make_env, data, mesh):
     batch = pack.pack(trajs, max_len=rc.max_len, pad_id=tok.pad_id, min_len=rc.max_len,
                       sharding=sharding.batch_sharding(mesh))
     # reward/success describe the policy, so they average every sampled trajectory.
-    host = {**loop.rollout_metrics(sampled), "dapo/gen_batches": float(attempt + 1),
+    host = {**loop.rollout_metrics(sampled), **loop.batch_metrics(trajs, batch),
+            "dapo/gen_batches": float(attempt + 1),
             "dapo/informative_groups": float(min(len(kept), rc.prompts_per_step))}
     return loop.Rollout(batch=batch, metrics=host)
 
@@ -173,6 +172,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  _CONFIG = config_flags.DEFINE_config_file("config", __file__, lock_config=True)
-  _WORKDIR = flags.DEFINE_string("workdir", "runs/dapo", "Output directory.")
+  _CONFIG, _WORKDIR = cli.define_flags(__file__)
   app.run(main, flags_parser=cli.parse_flags)

@@ -11,12 +11,10 @@ GRPO with its two length/difficulty biases removed (algorithms.md §4.4):
 No KL term (verl recipe: use_kl_loss=False).
 """
 from absl import app
-from absl import flags
 from flax import nnx
 import jax
 import jax.numpy as jnp
 import ml_collections as mlc
-from ml_collections import config_flags
 
 from agentrl import advantages
 from agentrl import cli
@@ -119,6 +117,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  _CONFIG = config_flags.DEFINE_config_file("config", __file__, lock_config=True)
-  _WORKDIR = flags.DEFINE_string("workdir", "runs/dr_grpo", "Output directory.")
+  _CONFIG, _WORKDIR = cli.define_flags(__file__)
   app.run(main, flags_parser=cli.parse_flags)

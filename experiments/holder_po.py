@@ -11,12 +11,10 @@ sequences (algorithms.md §2.2). p follows a schedule over RL steps (§2.4; the 
 linear_dec from 2 to -2 over 500 steps); p ticks once per rollout batch, as in the reference.
 """
 from absl import app
-from absl import flags
 from flax import nnx
 import jax
 import jax.numpy as jnp
 import ml_collections as mlc
-from ml_collections import config_flags
 
 from agentrl import advantages
 from agentrl import cli
@@ -136,6 +134,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  _CONFIG = config_flags.DEFINE_config_file("config", __file__, lock_config=True)
-  _WORKDIR = flags.DEFINE_string("workdir", "runs/holder_po", "Output directory.")
+  _CONFIG, _WORKDIR = cli.define_flags(__file__)
   app.run(main, flags_parser=cli.parse_flags)

@@ -24,12 +24,10 @@ checkpoint's params["policy"] is what experiments/eval.py reads), scoring adds v
 optimizer has one group per part, and rollout and evaluation read params["policy"].
 """
 from absl import app
-from absl import flags
 from flax import nnx
 import jax
 import jax.numpy as jnp
 import ml_collections as mlc
-from ml_collections import config_flags
 import optax
 
 from agentrl import advantages
@@ -207,6 +205,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  _CONFIG = config_flags.DEFINE_config_file("config", __file__, lock_config=True)
-  _WORKDIR = flags.DEFINE_string("workdir", "runs/ppo", "Output directory.")
+  _CONFIG, _WORKDIR = cli.define_flags(__file__)
   app.run(main, flags_parser=cli.parse_flags)

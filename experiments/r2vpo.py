@@ -24,13 +24,11 @@ run). This file is the fork unit: the config, the loss composition, the advantag
 loop are all here; the building blocks come from agentrl.recipe and agentrl.loop.
 """
 from absl import app
-from absl import flags
 import flax
 from flax import nnx
 import jax
 import jax.numpy as jnp
 import ml_collections as mlc
-from ml_collections import config_flags
 
 from agentrl import advantages
 from agentrl import cli
@@ -190,6 +188,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  _CONFIG = config_flags.DEFINE_config_file("config", __file__, lock_config=True)
-  _WORKDIR = flags.DEFINE_string("workdir", "runs/r2vpo", "Output directory.")
+  _CONFIG, _WORKDIR = cli.define_flags(__file__)
   app.run(main, flags_parser=cli.parse_flags)

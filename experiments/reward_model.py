@@ -19,12 +19,10 @@ import os
 import random
 
 from absl import app
-from absl import flags
 from flax import nnx
 import jax
 import jax.numpy as jnp
 import ml_collections as mlc
-from ml_collections import config_flags
 import numpy as np
 import optax
 
@@ -248,6 +246,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  _CONFIG = config_flags.DEFINE_config_file("config", __file__, lock_config=True)
-  _WORKDIR = flags.DEFINE_string("workdir", "runs/reward_model", "Output directory.")
+  _CONFIG, _WORKDIR = cli.define_flags(__file__)
   app.run(main, flags_parser=cli.parse_flags)

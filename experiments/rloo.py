@@ -9,12 +9,10 @@ A_i = R_i - (1/(G-1)) sum_{j != i} R_j = G/(G-1) (R_i - mean_G R), no std normal
 (algorithms.md §4.9). The policy loss is verl's: the PPO clipped surrogate, token-mean.
 """
 from absl import app
-from absl import flags
 from flax import nnx
 import jax
 import jax.numpy as jnp
 import ml_collections as mlc
-from ml_collections import config_flags
 
 from agentrl import advantages
 from agentrl import cli
@@ -121,6 +119,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  _CONFIG = config_flags.DEFINE_config_file("config", __file__, lock_config=True)
-  _WORKDIR = flags.DEFINE_string("workdir", "runs/rloo", "Output directory.")
+  _CONFIG, _WORKDIR = cli.define_flags(__file__)
   app.run(main, flags_parser=cli.parse_flags)

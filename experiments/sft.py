@@ -15,10 +15,8 @@ import json
 import os
 
 from absl import app
-from absl import flags
 from flax import nnx
 import ml_collections as mlc
-from ml_collections import config_flags
 
 from agentrl import checkpoint
 from agentrl import cli
@@ -96,6 +94,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  _CONFIG = config_flags.DEFINE_config_file("config", __file__, lock_config=True)
-  _WORKDIR = flags.DEFINE_string("workdir", "runs/sft", "Output directory.")
+  _CONFIG, _WORKDIR = cli.define_flags(__file__)
   app.run(main, flags_parser=cli.parse_flags)

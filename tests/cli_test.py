@@ -17,6 +17,7 @@ from agentrl import checkpoint
 from agentrl import cli
 from agentrl import configs
 from agentrl import loop
+from agentrl.data import jsonl
 from agentrl.models import hf
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -32,8 +33,12 @@ class CommandLineTest(parameterized.TestCase):
 
   @parameterized.named_parameters(
       ("unknown_key", ["--config=experiments/grpo.py:smoke", "--config.loss.epsilon=0.2"],
-       r"--config\.loss\.epsilon: config has no key 'loss\.epsilon'; did you mean "
-       r"--config\.loss\.eps_low\?"),
+       r"--config\.loss\.epsilon: the config has no key 'loss\.epsilon' \(experiments/grpo\.py:"
+       r"smoke; --print_config lists them\); did you mean --config\.loss\.eps_low\?$"),
+      # Without --config the experiment's own file (default preset) is checked.
+      ("unknown_key_default_preset", ["--config.optim.lrr=0.1"],
+       r"--config\.optim\.lrr: the config has no key 'optim\.lrr' \(experiments/grpo\.py; "
+       r"--print_config lists them\); did you mean --config\.optim\.lr\?$"),
       ("missing_file", ["--config=experiments/nope.py"],
        r"--config=experiments/nope\.py: no such file 'experiments/nope\.py'"),
       ("unknown_preset", ["--config=experiments/grpo.py:gpu"],
@@ -47,6 +52,33 @@ class CommandLineTest(parameterized.TestCase):
     lines = [l for l in out.stderr.splitlines() if l.strip() and not l.startswith(("W", "I"))]
     self.assertLen(lines, 1, out.stderr[-2000:])
     self.assertRegex(lines[0], "^error: " + pattern)
+
+
+class PrintConfigTest(absltest.TestCase):
+
+  def test_print_config_lists_every_key_with_its_schema(self):
+    out = _run("--config=experiments/grpo.py:smoke", "--config.optim.lr=0.5", "--print_config")
+    self.assertEqual(out.returncode, 0, out.stderr[-2000:])
+    lines = out.stdout.splitlines()
+    self.assertIn("optim.lr = 0.5  # float, in [0.0, ]", lines)
+    self.assertIn("loss.agg = 'seq-mean-token-mean'  # str, one of 'token-mean', "
+                  "'token-sum', 'seq-mean-token-mean', 'seq-mean-token-sum', "
+                  "'seq-mean-token-sum-norm'", lines)
+    self.assertIn("total_steps = 2  # int, in [1, ]", lines)
+    self.assertIn("SCHEMA", lines[-1])
+
+
+class DefaultWorkdirTest(absltest.TestCase):
+
+  def test_presets_get_their_own_directories(self):
+    with mock.patch.dict(cli._EXPERIMENT, {"file": "experiments/ctpo.py"}):
+      self.assertEqual(cli.default_workdir(["x"]), "runs/ctpo")
+      self.assertEqual(cli.default_workdir(["x", "--config=experiments/ctpo.py:smoke"]),
+                       "runs/ctpo_smoke")
+      self.assertEqual(cli.default_workdir(["x", "--config", "experiments/ctpo.py:smollm2,smoke"]),
+                       "runs/ctpo_smollm2_smoke")
+      self.assertEqual(cli.default_workdir(["x", "--config=experiments/ctpo.py:p=x/y"]),
+                       "runs/ctpo_p-x_y")
 
 
 class RunTest(absltest.TestCase):
@@ -66,6 +98,7 @@ class RunTest(absltest.TestCase):
     self.assertEqual(self._exit_code(hf.ModelFileError("x.gguf: empty file")), 2)
     self.assertEqual(self._exit_code(loop.TrainingStopped("stopped at step 3")), 1)
     self.assertEqual(self._exit_code(KeyboardInterrupt()), 130)
+    self.assertEqual(self._exit_code(jsonl.JsonlError("x.jsonl:3: invalid JSON")), 2)
     with self.assertRaises(ZeroDivisionError):  # a bug keeps its traceback
       self._exit_code(ZeroDivisionError())
 

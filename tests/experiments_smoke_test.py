@@ -70,7 +70,7 @@ def _fake_wandb():
 
 class SmokeTest(parameterized.TestCase):
 
-  @parameterized.parameters(*[(name,) for name in RL_EXPERIMENTS])
+  @parameterized.named_parameters(*[(name, name) for name in RL_EXPERIMENTS])
   def test_rl_experiment_smoke_preset(self, name):
     module = importlib.import_module(f"experiments.{name}")
     workdir = _tmpdir(self)
@@ -89,7 +89,10 @@ class SmokeTest(parameterized.TestCase):
       else:
         sys.modules["wandb"] = previous
     records = metrics.read_jsonl(os.path.join(workdir, metrics.JSONL))
-    self.assertEqual([r["step"] for r in records], list(range(1, config.total_steps + 1)))
+    # Step 0 is the baseline evaluation; steps 1..total_steps are the RL steps.
+    self.assertEqual([r["step"] for r in records], list(range(0, config.total_steps + 1)))
+    self.assertIn("eval/success", records[0])
+    baseline, records = records[0], records[1:]
     for key in ("reward", "loss", "grad_norm", "entropy", "skipped", "time/update"):
       self.assertIn(key, records[-1], f"{name} does not log {key}")
     if name == "holder_po":  # p's schedule spans the run's total_steps, read at run time
@@ -103,12 +106,14 @@ class SmokeTest(parameterized.TestCase):
     self.assertIn(str(config.total_steps), os.listdir(os.path.join(workdir, "ckpt")))
     with open(os.path.join(workdir, "summary.json")) as f:
       summary = json.load(f)
-    for key in ("success_before", "success_after", "steps", "wall_seconds"):
+    for key in ("success_before", "success_after", "steps", "seconds"):
       self.assertIn(key, summary)
+    self.assertEqual(summary["success_before"], baseline["eval/success"])
     self.assertTrue(os.path.exists(os.path.join(workdir, "curves.png")))
     # W&B: one run in the configured project, every step logged, closed at the end.
     self.assertEqual([c["project"] for c in calls["init"]], ["agentrl-smoke"], name)
-    self.assertEqual([step for step, _ in calls["log"]], [r["step"] for r in records], name)
+    self.assertEqual([step for step, _ in calls["log"]], [0] + [r["step"] for r in records],
+                     name)
     self.assertEqual(calls["finish"], 1, name)
     # The run's config.json is the config it ran, and experiments.eval can read the run.
     self.assertEqual(json.loads(rundir.read_config(workdir).to_json()),

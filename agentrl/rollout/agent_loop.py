@@ -25,6 +25,10 @@ never crashes a rollout (architecture.md §6) and every case is counted in the m
                      a zero reward; the row goes on if the env does not end it.
   rollout/obs_overflow     the observation does not fit in max_len: the row ends truncated.
   rollout/prompt_overflow  the first prompt does not fit in max_len: the row ends truncated.
+  rollout/turn_cut_frac    model turns that hit max_new_tokens (or max_len) before a stop token.
+  rollout/truncated_frac   rows that a budget ended before the env finished the episode. A
+                           single-turn env judges even a cut-off answer, so there a cut turn
+                           shows in turn_cut_frac only.
   (plus SafeEnv's other counters: invalid_actions, nonfinite_rewards, truncated_observations...)
 
 Token bookkeeping: loss_mask is 1 exactly on sampled ids; `turn` is -1 on the first prompt
@@ -199,6 +203,7 @@ def run(sampler: sampler_lib.Sampler, params, tok, envs: Sequence[Any], seeds: S
   rows = [_Row(env, g) for env, g in zip(safe_envs, flags)]
   for row, seed in zip(rows, seeds):
     _start(row, seed, render, max_len, counts)
+  cut_turns = model_turns = 0
   for turn in range(max_turns):
     active = [r for r in rows if not r.finished]
     if not active:
@@ -212,10 +217,13 @@ def run(sampler: sampler_lib.Sampler, params, tok, envs: Sequence[Any], seeds: S
       ids = out.tokens_BN[i, :n]
       row.append(ids, turn=turn, logp=out.logp_BN[i, :n])
       counts["sampled_tokens"] += n
+      cut_turns += not stopped  # hit max_new_tokens or max_len before a stop token
+      model_turns += 1
       _env_turn(row, ids[:-1] if stopped else ids, stopped, turn, tok=tok, render=render,
                 last_turn=turn == max_turns - 1, max_len=max_len, counts=counts)
   trajs = [r.trajectory() for r in rows]
   metrics = {f"rollout/{k}": float(v) for k, v in counts.items()}
+  metrics["rollout/turn_cut_frac"] = cut_turns / max(model_turns, 1)
   for key in safe.COUNTERS:
     metrics[f"env/{key}"] = float(sum(e.counters[key] - b[key]
                                        for e, b in zip(safe_envs, before)))
