@@ -359,6 +359,24 @@ def _prefixed(scalars: Mapping[str, Any]) -> dict[str, float]:
   return {f"eval/{k}": float(v) for k, v in scalars.items()}
 
 
+def _merge(**sources: Mapping[str, float]) -> dict[str, float]:
+  """One flat record from the phases' metrics; a name two phases both log is an error.
+
+  A silent overwrite would make one name mean two things (e.g. a loss logging the in-update
+  KL as `kl` over the score step's KL(pi_old || pi_ref)); give the second quantity its own
+  name instead (`kl_loss`).
+  """
+  record, owner = {}, {}
+  for source, metrics in sources.items():
+    for key, value in metrics.items():
+      if key in owner:
+        raise ValueError(f"metric {key!r} is logged by both the {owner[key]} and the {source} "
+                         "phase; rename one (one name, one meaning: see the README's metrics "
+                         "table)")
+      record[key], owner[key] = value, source
+  return record
+
+
 def _step(state, step, rng, rollout_fn, score_fn, advantage_fn, update_fn, *, epochs,
           num_minibatches, shuffle, beat):
   """One RL step; returns (state, flat host metrics).
@@ -380,7 +398,7 @@ def _step(state, step, rng, rollout_fn, score_fn, advantage_fn, update_fn, *, ep
   with jax.transfer_guard("disallow"):
     batch, score_metrics = score_fn(state.params, rollout.batch)
     batch, adv_metrics = advantage_fn(batch, rollout.extras)
-  score_metrics = jax.device_get({**score_metrics, **adv_metrics})
+  score_metrics, adv_metrics = jax.device_get((score_metrics, adv_metrics))
   jax.block_until_ready(batch)
   marks.append(time.perf_counter())
   beat.phase(f"step {step}: update")
@@ -399,8 +417,10 @@ def _step(state, step, rng, rollout_fn, score_fn, advantage_fn, update_fn, *, ep
   times = {f"time/{name}": b - a for name, a, b in zip(("rollout", "score", "update"),
                                                         marks, marks[1:])}
   times["time/step"] = marks[-1] - marks[0]
-  record = {**rollout.metrics, **{k: float(v) for k, v in score_metrics.items()},
-            **update_metrics, **times}
+  record = _merge(rollout=rollout.metrics,
+                  score={k: float(v) for k, v in score_metrics.items()},
+                  advantage={k: float(v) for k, v in adv_metrics.items()},
+                  update=update_metrics, times=times)
   record["rollout/tokens_per_s"] = (rollout.metrics.get("rollout/sampled_tokens", 0.0)
                                     / times["time/rollout"])
   if "rollout/batch_tokens" in rollout.metrics:  # real (non-padding) tokens of the batch

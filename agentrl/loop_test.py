@@ -120,6 +120,18 @@ class RunTest(absltest.TestCase):
                 "rollout/tokens_per_s"):
       self.assertIn(key, result.records[1])
 
+  def test_a_metric_logged_by_two_phases_is_refused(self):
+    bandit = _Bandit()
+    score = bandit.score
+
+    def score_with_loss(params, batch):  # "loss" is also an update metric
+      batch, metrics = score(params, batch)
+      return batch, {**metrics, "loss": jnp.float32(0.0)}
+
+    bandit.score = score_with_loss
+    with self.assertRaisesRegex(ValueError, "'loss' is logged by both the score and the update"):
+      bandit.run(_tmpdir(self), total_steps=1)
+
   def test_phase_times_sum_to_the_step_time(self):
     result = _Bandit().run(_tmpdir(self), total_steps=3)
     for r in result.records[1:]:

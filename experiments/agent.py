@@ -130,8 +130,7 @@ def make_advantage_fn(config):
     ret_BU = advantages.discounted_turn_returns(z_BU, mask_BU, gamma=gamma,
                                                 variance_rescale=True)
     adv_BT = advantages.broadcast_turn_to_tokens(ret_BU, batch.turn_BT, batch.loss_mask_BT)
-    metrics = {"info_gain_mean": aggregation.masked_mean(ig_BU, mask_BU),
-               "turns_mean": mask_BU.sum(-1).mean()}
+    metrics = {"info_gain_mean": aggregation.masked_mean(ig_BU, mask_BU)}
     return batch.replace(adv_BT=adv_BT), metrics
 
   return advantage_fn

@@ -168,7 +168,8 @@ def make_update_step(config, graphdef, tx):
                                  eps_low=lc.eps_low, eps_high=lc.eps_high)
     kl_BT = kl.kl_penalty(logp_BT, batch.ref_logp_BT, "k3")
     loss = aggregation.aggregate(pg_BT + lc.kl_coef * kl_BT, mask_BT, lc.agg)
-    metrics |= {"loss": loss, "kl": aggregation.aggregate(kl_BT, mask_BT, "token-mean")}
+    # The KL term as the loss sees it (current policy vs reference); `kl` is the score step's.
+    metrics |= {"loss": loss, "kl_loss": aggregation.aggregate(kl_BT, mask_BT, "token-mean")}
     return loss, metrics
 
   return loop.gradient_step(loss_fn, tx)

@@ -13,6 +13,8 @@ os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 import atexit  # pylint: disable=g-import-not-at-top,wrong-import-position
 import importlib  # pylint: disable=g-import-not-at-top,wrong-import-position
 import json
+import pathlib
+import re
 import shutil
 import sys
 import tempfile
@@ -41,6 +43,18 @@ _CACHE = tempfile.mkdtemp(prefix="agentrl_xla_cache_")
 atexit.register(shutil.rmtree, _CACHE, ignore_errors=True)
 jax.config.update("jax_compilation_cache_dir", _CACHE)
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+
+
+def documented_metrics() -> tuple[set[str], tuple[str, ...]]:
+  """The metric names in the README's Metrics table: exact names, and `prefix/*` patterns."""
+  text = (pathlib.Path(__file__).resolve().parents[1] / "README.md").read_text()
+  section = text.split("\n## Metrics\n", 1)[1].split("\n## ", 1)[0]
+  names = set()
+  for line in section.splitlines():
+    if line.startswith("| `"):
+      names |= set(re.findall(r"`([^`]+)`", line.split("|")[1]))
+  return ({n for n in names if not n.endswith("*")},
+          tuple(n[:-1] for n in names if n.endswith("*")))
 
 
 def _tmpdir(test) -> str:
@@ -93,6 +107,11 @@ class SmokeTest(parameterized.TestCase):
     self.assertEqual([r["step"] for r in records], list(range(0, config.total_steps + 1)))
     self.assertIn("eval/success", records[0])
     baseline, records = records[0], records[1:]
+    # One name, one meaning: every logged metric is in the README's table.
+    exact, prefixes = documented_metrics()
+    logged = {k for r in records + [baseline] for k in r if k != "step"}
+    missing = sorted(k for k in logged if k not in exact and not k.startswith(prefixes))
+    self.assertEmpty(missing, f"{name} logs metrics the README's Metrics table lacks")
     for key in ("reward", "loss", "grad_norm", "entropy", "skipped", "time/update"):
       self.assertIn(key, records[-1], f"{name} does not log {key}")
     if name == "holder_po":  # p's schedule spans the run's total_steps, read at run time

@@ -62,9 +62,16 @@ def stat_max(x, valid) -> jax.Array:
   return jnp.where(valid.any(), jnp.where(valid, x, -jnp.inf).max(), 0.0)
 
 
-def ratio_metrics(ratio, valid, log_ratio_BT, valid_BT, **fractions) -> Metrics:
-  """ratio stats over `valid`, ppo_kl over tokens, and each boolean fraction over `valid`."""
-  out = {"ratio_mean": stat_mean(ratio, valid), "ratio_max": stat_max(ratio, valid),
+def ratio_metrics(ratio, valid, log_ratio_BT, valid_BT, *, seq: bool = False,
+                  **fractions) -> Metrics:
+  """ratio stats over `valid`, ppo_kl over tokens, and each boolean fraction over `valid`.
+
+  With `seq` (a sequence-level ratio [B] and row fractions) the ratio and fraction names get a
+  `seq_` prefix, so every metric name means one thing across losses: `ratio_mean` and
+  `clipfrac` are always over tokens, `seq_ratio_mean` and `seq_clipfrac` over sequences.
+  """
+  pre = "seq_" if seq else ""
+  out = {f"{pre}ratio_mean": stat_mean(ratio, valid), f"{pre}ratio_max": stat_max(ratio, valid),
          "ppo_kl": stat_mean(-log_ratio_BT, valid_BT)}
-  out.update({k: stat_mean(v.astype(jnp.float32), valid) for k, v in fractions.items()})
+  out.update({pre + k: stat_mean(v.astype(jnp.float32), valid) for k, v in fractions.items()})
   return out

@@ -23,13 +23,15 @@ Each function takes `logp_BT` (current policy; the only input meant to be differ
   * The rollout/trainer mismatch weight (`ratios.rollout_correction_weight`) is a separate
     detached factor: multiply the returned loss by it before aggregating.
 
-Metrics are flat dicts of f32 scalars with no gradient:
-  ratio_mean, ratio_max  over valid tokens (valid sequences for sequence forms)
+Metrics are flat dicts of f32 scalars with no gradient; a name means the same in every loss:
+  ratio_mean, ratio_max  over valid tokens
+  seq_ratio_mean, _max   (sequence forms) over valid sequences
   ppo_kl                 masked mean of −ℓ over valid tokens (verl)
-  clipfrac               the fraction verl logs as pg_clipfrac for that loss
+  clipfrac               the token fraction verl logs as pg_clipfrac for that loss
   clipfrac_high          A > 0 and the ratio above the upper bound (gradient removed)
   clipfrac_low           A < 0 and the ratio below the lower bound (gradient removed)
   clipfrac_lower         (ppo_clip, ctpo) verl's pg_clipfrac_lower: A < 0 and dual clip active
+  seq_clipfrac[_high|_low]  the same over sequences, for a clip on a sequence ratio
 """
 import math
 
@@ -260,7 +262,7 @@ def r2vpo(logp_BT: jax.Array, old_logp_BT: jax.Array, adv_BT: jax.Array, mask_BT
     loss_BT = loss_BT * weight_B[:, None]
   ratio_var = _common.stat_mean((units - c) ** 2, unit_valid)
   metrics = _common.ratio_metrics(units, unit_valid, ratios.token_log_ratio(
-      logp_BT, old_logp_BT, mask_BT, clamp=_common.CLAMP), valid_BT)
+      logp_BT, old_logp_BT, mask_BT, clamp=_common.CLAMP), valid_BT, seq=level == "sequence")
   metrics.update(ratio_var=ratio_var, constraint_residual=ratio_var - delta, lam=lam,
                  capfrac=_common.stat_mean(cap_BT, valid_BT))
   return jnp.where(valid_BT, loss_BT, 0.0), metrics

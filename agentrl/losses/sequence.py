@@ -67,7 +67,8 @@ def gspo(logp_BT: jax.Array, old_logp_BT: jax.Array, adv_B: jax.Array, mask_BT: 
   """GSPO, sequence form (Zheng et al. 2025, arXiv 2507.18071), per sequence [B].
 
   s_i = exp(min((1/|y_i|) Σ_t m ℓ_t, 10)); L_i = max(−A_i s_i, −A_i clip(s_i, 1 − eps_low,
-  1 + eps_high)). Aggregate with "seq-mean" over non-empty rows. Fractions are over rows.
+  1 + eps_high)). Aggregate with "seq-mean" over non-empty rows.
+  Ratio stats and fractions are over rows (`seq_*`).
   """
   valid_BT = _common.check(logp_BT, old_logp_BT, mask_BT)
   _common.check_eps(eps_low, eps_high)
@@ -79,7 +80,7 @@ def gspo(logp_BT: jax.Array, old_logp_BT: jax.Array, adv_B: jax.Array, mask_BT: 
   ratio_B = jnp.exp(log_ratio_B)
   high_B, low_B = (ratio_B > 1 + eps_high) & (adv_B > 0), (ratio_B < 1 - eps_low) & (adv_B < 0)
   log_ratio_BT = ratios.token_log_ratio(logp_BT, old_logp_BT, mask_BT, clamp=None)
-  return loss_B, _common.ratio_metrics(ratio_B, valid_B, log_ratio_BT, valid_BT,
+  return loss_B, _common.ratio_metrics(ratio_B, valid_B, log_ratio_BT, valid_BT, seq=True,
                                        clipfrac=high_B | low_B, clipfrac_high=high_B,
                                        clipfrac_low=low_B)
 
@@ -103,7 +104,7 @@ def gmpo(logp_BT: jax.Array, old_logp_BT: jax.Array, adv_B: jax.Array, mask_BT: 
   length_B = jnp.maximum(valid_BT.sum(-1).astype(jnp.float32), 1.0)
   loss_B = jnp.where(valid_B, -adv_B * jnp.exp(selected_BT.sum(-1) / length_B), 0.0)
   ratio_B = jnp.exp(log_ratio_BT.sum(-1) / length_B)
-  metrics = _common.ratio_metrics(ratio_B, valid_B, log_ratio_BT, valid_BT)
+  metrics = _common.ratio_metrics(ratio_B, valid_B, log_ratio_BT, valid_BT, seq=True)
   metrics.update(
       clipfrac=_common.stat_mean((log_ratio_BT != clipped_BT) & (adv_BT > 0), valid_BT),
       clipfrac_high=_common.stat_mean((log_ratio_BT > eps_high) & (adv_BT > 0), valid_BT),
@@ -137,9 +138,9 @@ def holder_po(logp_BT: jax.Array, old_logp_BT: jax.Array, adv_B: jax.Array, mask
       generalisation; at eps_low = eps_high it is exactly the reference.
 
   No dual clip. Aggregate with "seq-mean" (one scalar per sequence, no length weighting).
-  Fractions are over rows for the sequence clip and over tokens for "token"; in
-  "sequence_w_clip" ratio stats are of the ρ that enters the sequence clip (as the authors
-  log them) and `token_clipfrac` is the fraction of valid tokens clamped.
+  Metrics: `seq_ratio_*` are of the Hölder ratio ρ that enters the loss (as the authors log
+  them); the sequence clip's fractions over rows are `seq_clipfrac*`, the token clip's (mode
+  "token", and the token clamp of "sequence_w_clip") over tokens are `clipfrac*`.
 
   `p` may be traced (e.g. `schedules.holder_p(step, ...)` inside the jitted step); p = 1 gives
   a GRPO-like gradient, p → 0 GSPO's ratio, p > 1 concentrates on tokens whose probability rose.
@@ -170,14 +171,14 @@ def holder_po(logp_BT: jax.Array, old_logp_BT: jax.Array, adv_B: jax.Array, mask
     if clip_mode == "sequence_w_clip":
       # Masked entries are 0, inside the window, so they stay 0.
       token_BT = jnp.clip(log_ratio_BT, -math.log1p(eps_low), hi)
-      token_fracs["token_clipfrac"] = _common.stat_mean(token_BT != log_ratio_BT, valid_BT)
+      token_fracs["clipfrac"] = _common.stat_mean(token_BT != log_ratio_BT, valid_BT)
     holder_B = ratios.holder_log_ratio(token_BT, mask_BT, p=p)
     loss_B = _seq_ppo(holder_B, adv_B, valid_B, lo, hi)
-    fracs = dict(clipfrac=(holder_B > hi) | (holder_B < lo),
-                 clipfrac_high=(holder_B > hi) & (adv_B > 0),
-                 clipfrac_low=(holder_B < lo) & (adv_B < 0))
+    fracs = dict(seq_clipfrac=(holder_B > hi) | (holder_B < lo),
+                 seq_clipfrac_high=(holder_B > hi) & (adv_B > 0),
+                 seq_clipfrac_low=(holder_B < lo) & (adv_B < 0))
     fracs = {k: _common.stat_mean(v, valid_B) for k, v in fracs.items()} | token_fracs
   ratio_B = jnp.exp(jnp.minimum(holder_B, _common.LOG_F32_MAX))
-  metrics = _common.ratio_metrics(ratio_B, valid_B, log_ratio_BT, valid_BT)
+  metrics = _common.ratio_metrics(ratio_B, valid_B, log_ratio_BT, valid_BT, seq=True)
   metrics.update(fracs, holder_p=jax.lax.stop_gradient(jnp.asarray(p, jnp.float32)))
   return loss_B, metrics

@@ -88,8 +88,9 @@ class GoldenTest(chex.TestCase):
   def test_gspo(self):
     loss, m = self._run(pg.gspo, adv=ADV_B)
     np.testing.assert_allclose(loss, [-1.0004, 0.9997], rtol=1e-6)
-    np.testing.assert_allclose([m["ratio_mean"], m["ratio_max"], m["clipfrac"]],
+    np.testing.assert_allclose([m["seq_ratio_mean"], m["seq_ratio_max"], m["seq_clipfrac"]],
                                [(1.14471424 + 0.96824584) / 2, 1.14471424, 1.0], rtol=1e-5)
+    self.assertNotIn("clipfrac", m)  # no token-level clip in the sequence form
     loss, m = self._run(pg.gspo_token)
     np.testing.assert_allclose(loss, [[-1.0004] * 3, [0.9997, 0., 0.9997]], rtol=1e-6)
     np.testing.assert_allclose(m["clipfrac_high"], 0.6, rtol=1e-6)
@@ -105,7 +106,7 @@ class GoldenTest(chex.TestCase):
   def test_holder_po(self):
     loss, m = self._run(pg.holder_po, adv=ADV_B, p=jnp.float32(1.0))
     np.testing.assert_allclose(loss, [-1.2, 1.0], rtol=1e-5)
-    np.testing.assert_allclose([m["clipfrac"], m["clipfrac_high"], m["holder_p"]],
+    np.testing.assert_allclose([m["seq_clipfrac"], m["seq_clipfrac_high"], m["holder_p"]],
                                [0.5, 0.5, 1.0], rtol=1e-6)
     loss, _ = self._run(pg.holder_po, adv=ADV_B, p=2.0, clip_mode="token")
     np.testing.assert_allclose(loss, [-1.0214369, 1.0494046], rtol=1e-5)
@@ -118,12 +119,12 @@ class GoldenTest(chex.TestCase):
                         clip_mode="sequence_w_clip")
     rho = [(1.3 + 1 / 1.3 + 1.3) / 3, (1.25 + 1 / 1.3) / 2]  # 1.1230769, 1.0096154
     np.testing.assert_allclose(loss, [-rho[0], rho[1]], rtol=1e-5)  # inside [0.7, 1.3]
-    np.testing.assert_allclose([m["token_clipfrac"], m["clipfrac"], m["ratio_mean"]],
+    np.testing.assert_allclose([m["clipfrac"], m["seq_clipfrac"], m["seq_ratio_mean"]],
                                [0.8, 0.0, (rho[0] + rho[1]) / 2], rtol=1e-5)
     # eps = 0.2, p = 2: every token is clamped, ratios (1.2, 1/1.2, 1.2) and (1.2, 1/1.2).
     loss, m = self._run(pg.holder_po, adv=ADV_B, p=2.0, clip_mode="sequence_w_clip")
     np.testing.assert_allclose(loss, [-1.09155004, 1.03306448], rtol=1e-5)
-    self.assertEqual(float(m["token_clipfrac"]), 1.0)
+    self.assertEqual(float(m["clipfrac"]), 1.0)
 
 
 class ReferenceTest(parameterized.TestCase):
@@ -197,7 +198,7 @@ class HolderSequenceWithClipTest(absltest.TestCase):
     narrow = dict(p=2.0, eps_low=0.05, eps_high=0.05)
     l_w, m = pg.holder_po(logp, old, adv_B, mask, clip_mode="sequence_w_clip", **narrow)
     l_s, _ = pg.holder_po(logp, old, adv_B, mask, **narrow)
-    self.assertGreater(float(m["token_clipfrac"]), 0.2)
+    self.assertGreater(float(m["clipfrac"]), 0.2)
     self.assertGreater(np.abs(np.asarray(l_w - l_s)).max(), 1e-3)
 
   def test_clamped_tokens_get_no_gradient_whatever_the_sign_of_a(self):
