@@ -33,5 +33,6 @@ setuptools.setup(
                                                "experiments", "experiments.*"]),
     python_requires=">=3.11",
     install_requires=INSTALL_REQUIRES,
-    extras_require={"hf": HF, "envs": ENVS, "test": TEST, "wandb": ["wandb"]},
+    extras_require={"hf": HF, "envs": ENVS, "test": TEST, "wandb": ["wandb"],
+                    "tensorboard": ["tensorboard"]},
 )

@@ -212,6 +212,10 @@ class Writer:
       import tensorboardX  # pylint: disable=g-import-not-at-top
       purge = None if resume_step is None else resume_step + 1
       self._tb = tensorboardX.SummaryWriter(os.path.join(workdir, "tb"), purge_step=purge)
+      config = os.path.join(workdir, "config.json")  # written by rundir.write_config
+      if os.path.exists(config):  # shown in TensorBoard's Text tab, next to the curves
+        with open(config) as f:
+          self._tb.add_text("config", f"```json\n{f.read()}\n```", global_step=resume_step or 0)
     self._wandb = None
     if wandb:
       import wandb as wandb_lib  # pylint: disable=g-import-not-at-top
@@ -245,35 +249,3 @@ class Writer:
       self._tb.close()
     if self._wandb is not None:
       self._wandb.finish()
-
-
-def plot_curves(records: Sequence[Mapping[str, Any]], path: str,
-                keys: Sequence[str] | None = None, *, title: str = "") -> list[str]:
-  """Writes a PNG grid of learning curves (one panel per key) and returns the keys drawn."""
-  import matplotlib  # pylint: disable=g-import-not-at-top
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
-  if keys is None:
-    keys = [k for k, _, _ in _CONSOLE] + ["loss", "grad_norm", "eval/success"]
-  keys = [k for k in keys if any(isinstance(r.get(k), (int, float)) for r in records)]
-  if not keys:
-    raise ValueError(f"none of the requested metrics occur in the records; available: "
-                     f"{sorted({k for r in records for k in r} - {'step'})}")
-  cols = min(3, len(keys))
-  rows = -(-len(keys) // cols)
-  fig, axes = plt.subplots(rows, cols, figsize=(4 * cols, 3 * rows), squeeze=False)
-  for ax, key in zip(axes.flat, keys):
-    points = [(r["step"], r[key]) for r in records if isinstance(r.get(key), (int, float))]
-    ax.plot(*zip(*points), marker="." if len(points) < 30 else None)
-    ax.set_title(key)
-    ax.set_xlabel("step")
-    ax.grid(alpha=0.3)
-  for ax in list(axes.flat)[len(keys):]:
-    ax.axis("off")
-  if title:
-    fig.suptitle(title)
-  fig.tight_layout()
-  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-  fig.savefig(path, dpi=100)
-  plt.close(fig)
-  return list(keys)

@@ -41,6 +41,17 @@ class WriterTest(absltest.TestCase):
                      "step 1/2 | reward 0.500 | sampled success 25.0% | rollout 1.50s")
     self.assertTrue(os.listdir(os.path.join(d, "tb"))[0].startswith("events.out.tfevents"))
 
+  def test_tensorboard_events_hold_the_config(self):
+    d = _tmpdir(self)
+    with open(os.path.join(d, "config.json"), "w") as f:
+      json.dump({"optim": {"lr": 0.125}, "total_steps": 7}, f)
+    w = metrics.Writer(d, total_steps=1, console=False)
+    w.write(1, {"reward": 1.0})
+    w.close()
+    tb = os.path.join(d, "tb")
+    events = b"".join(open(os.path.join(tb, n), "rb").read() for n in os.listdir(tb))
+    self.assertIn(b'"lr": 0.125', events)  # the text summary stores the JSON verbatim
+
   def test_resume_drops_later_records_and_torn_lines(self):
     d = _tmpdir(self)
     w = metrics.Writer(d, total_steps=5, console=False, tensorboard=False)
@@ -129,19 +140,7 @@ class FormattingTest(absltest.TestCase):
     self.assertGreaterEqual(times["time/update"], 0.0)
 
 
-class PlotTest(absltest.TestCase):
-
-  def test_png_is_written(self):
-    d = _tmpdir(self)
-    records = [{"step": s, "reward": s / 5, "success": None if s == 2 else 0.1 * s}
-               for s in range(1, 6)]
-    path = os.path.join(d, "sub", "curves.png")
-    drawn = metrics.plot_curves(records, path, title="t")
-    self.assertEqual(drawn, ["reward", "success"])
-    with open(path, "rb") as f:
-      self.assertEqual(f.read(8), b"\x89PNG\r\n\x1a\n")
-    with self.assertRaisesRegex(ValueError, r"available: \['reward', 'success'\]"):
-      metrics.plot_curves(records, path, keys=["kl"])
+class JsonTest(absltest.TestCase):
 
   def test_records_are_valid_json(self):
     self.assertEqual(json.loads(json.dumps({"x": metrics.to_python(np.int64(3))})), {"x": 3})

@@ -25,6 +25,7 @@ import ml_collections as mlc
 from agentrl import configs
 from agentrl import loop
 from agentrl import metrics as metrics_lib
+from agentrl import plots
 
 LOCK_FILE = "LOCK"
 _HELD: dict[str, int] = {}  # abspath of a locked workdir -> the open LOCK file descriptor
@@ -141,10 +142,6 @@ def read_config(run_dir: str) -> mlc.ConfigDict:
 # ---------------------------------------------------------------------------------------------
 # Summary.
 # ---------------------------------------------------------------------------------------------
-CURVES = ("reward", "success", "kl", "entropy", "clipfrac", "loss", "grad_norm",
-          "groups_with_signal", "eval/success")
-
-
 def _seconds(records, sft_info) -> dict[str, float]:
   """Where the run's time went, summed over its records (so resumed runs count every step)."""
   total = lambda key: float(sum(r.get(key) or 0.0 for r in records))
@@ -182,8 +179,8 @@ def write_summary(workdir: str, result: loop.Result, *, name: str, start: float,
   with open(path + ".tmp", "w") as f:
     json.dump(summary, f, indent=2)
   os.replace(path + ".tmp", path)
-  metrics_lib.plot_curves(result.records, os.path.join(workdir, "curves.png"), list(CURVES),
-                          title=name)
+  plots.plot_curves(result.records, os.path.join(workdir, "curves.png"),
+                    title=f"{name}: {os.path.basename(os.path.abspath(workdir))}")
   _print_summary(summary, result.records, workdir)
   unlock(workdir)
   return summary

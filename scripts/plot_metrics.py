@@ -1,10 +1,12 @@
-r"""Writes PNG learning curves from a run's metrics JSONL.
+r"""Writes PNG learning curves from a run's metrics JSONL (a run in progress or killed, too).
 
-  python scripts/plot_metrics.py --workdir=runs/grpo                  # -> runs/grpo/curves.png
-  python scripts/plot_metrics.py --jsonl=a/metrics.jsonl --out=a.png --keys=reward,kl
+  python scripts/plot_metrics.py --workdir=runs/grpo                 # -> runs/grpo/plot.png
+  python scripts/plot_metrics.py --workdir=runs/grpo --keys=kl,entropy,ratio_max
+  python scripts/plot_metrics.py --jsonl=a/metrics.jsonl --out=a.png
 
-Experiments already write `<workdir>/curves.png` at the end of a run; this re-plots a run
-(including one still in progress or killed) with other keys.
+The panels are the ones the run's own curves.png has (agentrl.plots.choose_panels) unless
+--keys picks others. It never overwrites the run's curves.png (the default output is plot.png
+next to the JSONL); compare several runs with scripts/compare_runs.py.
 """
 import os
 
@@ -12,6 +14,7 @@ from absl import app
 from absl import flags
 
 from agentrl import metrics
+from agentrl import plots
 
 
 def main(argv):
@@ -21,19 +24,25 @@ def main(argv):
     raise app.UsageError("pass --workdir=<run dir> or --jsonl=<metrics.jsonl>")
   if not os.path.exists(jsonl):
     raise app.UsageError(f"metrics file {jsonl} does not exist")
-  out = _OUT.value or os.path.join(os.path.dirname(jsonl), "curves.png")
+  out = _OUT.value or os.path.join(os.path.dirname(jsonl), "plot.png")
+  if os.path.basename(out) == "curves.png" and os.path.exists(out):
+    raise app.UsageError(f"{out} is the run's own figure; pass another --out")
   records = metrics.read_jsonl(jsonl)
   if not records:
     raise app.UsageError(f"{jsonl} holds no records yet")
   keys = [k.strip() for k in _KEYS.value.split(",") if k.strip()] or None
-  drawn = metrics.plot_curves(records, out, keys, title=_TITLE.value)
-  print(f"wrote {out} ({len(records)} steps: {', '.join(drawn)})")
+  try:
+    drawn = plots.plot_curves(records, out, keys, title=_TITLE.value)
+  except ValueError as e:
+    raise app.UsageError(str(e)) from None
+  print(f"wrote {out} ({len(records)} records: {', '.join(drawn)})")
 
 
 if __name__ == "__main__":
   _WORKDIR = flags.DEFINE_string("workdir", "", "Run directory holding metrics.jsonl.")
   _JSONL = flags.DEFINE_string("jsonl", "", "Path of a metrics JSONL (overrides --workdir).")
-  _OUT = flags.DEFINE_string("out", "", "Output PNG (default: curves.png next to the JSONL).")
-  _KEYS = flags.DEFINE_string("keys", "", "Comma-separated metric keys (default: the usual).")
+  _OUT = flags.DEFINE_string("out", "", "Output PNG (default: plot.png next to the JSONL).")
+  _KEYS = flags.DEFINE_string("keys", "", "Comma-separated metric keys (default: the run's "
+                              "curves.png panels).")
   _TITLE = flags.DEFINE_string("title", "", "Figure title.")
   app.run(main)

@@ -16,6 +16,7 @@ import json
 import pathlib
 import re
 import shutil
+import subprocess
 import sys
 import tempfile
 import types
@@ -27,6 +28,7 @@ import jax
 import numpy as np
 import optax
 
+from agentrl import compare
 from agentrl import configs
 from agentrl import metrics
 from agentrl import recipe
@@ -144,6 +146,32 @@ class SmokeTest(parameterized.TestCase):
     self.assertEqual(result["step"], str(config.total_steps), name)
     for key in ("greedy_success", "pass@1", "pass@2"):
       self.assertBetween(result[key], 0.0, 1.0)
+
+  def test_compare_runs_of_two_smoke_runs(self):
+    grpo = importlib.import_module("experiments.grpo")
+    dirs, summaries = [], []
+    for seed in (0, 1):
+      config = grpo.get_config("smoke")
+      config.seed = seed
+      dirs.append(os.path.join(_tmpdir(self), f"seed{seed}"))
+      summaries.append(grpo.train(config, dirs[-1]))
+    out = os.path.join(_tmpdir(self), "compare.png")
+    text, drawn = compare.compare(dirs, out)
+    with open(out, "rb") as f:
+      self.assertEqual(f.read(8), b"\x89PNG\r\n\x1a\n")
+    self.assertEqual(drawn[0], "eval/success")
+    lines = text.splitlines()
+    for seed, summary in enumerate(summaries):
+      row = next(l for l in lines if l.startswith(f"seed{seed} ")).split()
+      self.assertEqual(row[1:5], ["GRPO", "2", f"{summary['success_before']:.1%}",
+                                  f"{summary['success_after']:.1%}"])
+    self.assertIn("config differences:", text)
+    self.assertTrue(any(l.split()[:3] == ["seed", "0", "1"] for l in lines), text)
+    # The script prints the same table.
+    proc = subprocess.run([sys.executable, "scripts/compare_runs.py", *dirs, f"--out={out}"],
+                          cwd=pathlib.Path(__file__).resolve().parents[1], capture_output=True,
+                          text=True, check=True)
+    self.assertIn(text, proc.stdout)
 
   def test_sft_smoke_preset(self):
     sft = importlib.import_module("experiments.sft")
