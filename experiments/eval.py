@@ -26,7 +26,11 @@ when DIR has none.
   python -m experiments.eval --config.export_hf=runs/grpo_hf      # checkpoint -> HF dir
   python -m experiments.eval --config.model_path=runs/grpo_hf     # evaluate the HF dir
 
-Writes <workdir>/eval.json and prints a table.
+Writes <workdir>/eval_<run>_<step>.json (one file per evaluated checkpoint; the workdir defaults
+to runs/eval) and prints a table. A run keeps its newest `log.keep` checkpoints and those of its
+evaluation steps (every `eval.every`), so the default run's steps 25, 50, ..., 150 can be
+evaluated; a step that was not kept is an error that lists the ones that were. pass@k:
+`--config.ks=1,4` (or `'[1,4]'`), each k <= `samples`.
 """
 import json
 import math
@@ -48,6 +52,7 @@ from agentrl import recipe
 from agentrl import rundir
 from agentrl import sharding
 from agentrl.models import hf
+from agentrl.models import hf_tokenizer
 from agentrl.models import tokenizer as tokenizer_lib
 from agentrl.models import transformer
 from agentrl.rollout import agent_loop
@@ -61,13 +66,13 @@ def get_config(arg: str | None = None) -> mlc.ConfigDict:
   c.step = "latest"              # "latest", "warm_start" or a step number as a string
   c.num_problems = 1000
   c.samples = 8                  # n per problem for pass@k (sampled at `temperature`)
-  c.ks = [1, 4, 8]
+  c.ks = "1,4,8"                 # pass@k for these k (each <= samples): "1,4" or "[1,4]"
   c.temperature = 1.0
   c.seed = 0
   c.model_path = ""              # HF directory or .gguf to evaluate instead of a checkpoint
   c.export_hf = ""               # also write the evaluated params here as an HF directory
   if arg.smoke:  # Seconds on CPU; run by tests/experiments_smoke_test.py.
-    c.num_problems, c.samples, c.ks = 4, 2, [1, 2]
+    c.num_problems, c.samples, c.ks = 4, 2, "1,2"
   return c
 
 
@@ -76,7 +81,7 @@ SCHEMA = {
     "step": configs.Key(str),
     "num_problems": configs.Key(int, min=1),
     "samples": configs.Key(int, min=1),
-    "ks": configs.Key(list, min=1),
+    "ks": configs.Key(str, min=1),
     "temperature": configs.Key(float, min=1e-3),
     "seed": configs.Key(int, min=0),
     "model_path": configs.Key(str),
@@ -91,12 +96,22 @@ def pass_at_k(n: int, c: int, k: int) -> float:
   return 1.0 - math.comb(n - c, k) / math.comb(n, k)
 
 
+def parse_ks(text: str, samples: int) -> list[int]:
+  """"1,4", "[1, 4]" or "(1,4)" -> [1, 4]; ConfigError unless each k is an int in [1, samples]."""
+  parts = [p.strip() for p in text.strip().strip("[]()").split(",") if p.strip()]
+  ks = []
+  for part in parts:
+    configs.require(part.isdigit() and 1 <= int(part) <= samples,
+                    f"config.ks={text!r}: each k must be an integer in [1, config.samples="
+                    f"{samples}], got {part!r}")
+    ks.append(int(part))
+  configs.require(bool(ks), f"config.ks={text!r}: give at least one k, e.g. --config.ks=1,4")
+  return sorted(set(ks))
+
+
 def validate(config) -> None:
   configs.validate(config, SCHEMA)
-  for k in config.ks:
-    configs.require(isinstance(k, int) and 1 <= k <= config.samples,
-                    f"config.ks entries must be ints in [1, config.samples={config.samples}], "
-                    f"got {k!r}")
+  parse_ks(config.ks, config.samples)
   configs.require(not config.model_path or os.path.exists(config.model_path),
                   f"config.model_path={config.model_path!r} does not exist; give an HF model "
                   "directory (config.json + safetensors) or a .gguf file")
@@ -156,7 +171,7 @@ def evaluate(config, run_config, sampler, tok, make_env, params) -> dict[str, fl
   correct = np.asarray([loop.trajectory_success(t) for t in sampled]).reshape(
       config.num_problems, config.samples).sum(1)
   result = {"greedy_success": float(np.mean([loop.trajectory_success(t) for t in greedy]))}
-  for k in config.ks:
+  for k in parse_ks(config.ks, config.samples):
     result[f"pass@{k}"] = float(np.mean([pass_at_k(config.samples, int(c), k) for c in correct]))
   return result
 
@@ -173,19 +188,41 @@ def train(config: mlc.ConfigDict, workdir: str) -> dict:
   else:
     params, step = load_params(config.run_dir, config.step, params)
   if config.export_hf:
-    model_cfg = nnx.merge(graphdef, params).cfg
-    hf.save(model_cfg, params, config.export_hf)
-    tokenizer_lib.save(tok, config.export_hf)
+    export(nnx.merge(graphdef, params).cfg, params, tok, config.export_hf, step)
   sampler = sampler_lib.Sampler(graphdef, pad_id=tok.pad_id)
   result = {"run_dir": config.run_dir, "step": step, "num_problems": config.num_problems,
             "samples": config.samples,
             **evaluate(config, run_config, sampler, tok, recipe.make_task(run_config.task), params)}
   os.makedirs(workdir, exist_ok=True)
-  with open(os.path.join(workdir, "eval.json"), "w") as f:
+  path = os.path.join(workdir, result_name(config.run_dir, step))
+  with open(path + ".tmp", "w") as f:
     json.dump(result, f, indent=2)
+  os.replace(path + ".tmp", path)
   rows = [[k, f"{v:.1%}"] for k, v in result.items() if k == "greedy_success" or "@" in k]
   print(metrics_lib.format_table([f"{config.run_dir} @ {step}", "held-out"], rows))
+  print(f"wrote {path}")
   return result
+
+
+def result_name(run_dir: str, step: str) -> str:
+  """eval_<run>_<step>.json: one file per evaluated checkpoint, so none overwrites another."""
+  what = (f"hf-{os.path.basename(os.path.normpath(step[3:]))}" if step.startswith("hf:")
+          else step)
+  name = f"eval_{os.path.basename(os.path.normpath(run_dir))}_{what}.json"
+  return "".join(c if c.isalnum() or c in "._-" else "_" for c in name)
+
+
+def export(model_cfg, params, tok, directory: str, step: str) -> None:
+  """Writes an HF directory (weights, config, tokenizer) and says what it wrote."""
+  hf.save(model_cfg, params, directory)
+  hf_tokenizer.save(tok, directory)
+  leaves = jax.tree.leaves(params)
+  print(f"Exported step {step} to {directory}: {sum(x.size for x in leaves):,} parameters "
+        f"({leaves[0].dtype}); the tokenizer adds BOS to plain text as our prompts do.")
+  for name in sorted(os.listdir(directory)):
+    print(f"  {name:28s} {os.path.getsize(os.path.join(directory, name)):>12,} bytes")
+  print(f"  load: AutoModelForCausalLM.from_pretrained({directory!r}), "
+        f"AutoTokenizer.from_pretrained({directory!r})")
 
 
 def main(argv):

@@ -19,6 +19,7 @@ from agentrl import configs
 from agentrl import loop
 from agentrl.data import jsonl
 from agentrl.models import hf
+from experiments import eval as evaluation
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -66,6 +67,21 @@ class PrintConfigTest(absltest.TestCase):
                   "'seq-mean-token-sum-norm'", lines)
     self.assertIn("total_steps = 2  # int, in [1, ]", lines)
     self.assertIn("SCHEMA", lines[-1])
+
+
+class EvalFlagsTest(absltest.TestCase):
+
+  def test_pass_at_k_list_from_the_command_line(self):
+    for spelling in ("1,4", "[1,4]", "(1, 4)"):
+      out = subprocess.run(
+          [sys.executable, "-m", "experiments.eval", "--config=experiments/eval.py:smoke",
+           f"--config.ks={spelling}", "--config.samples=4", "--print_config"], cwd=ROOT,
+          capture_output=True, text=True, timeout=300, env=dict(os.environ, JAX_PLATFORMS="cpu"))
+      self.assertEqual(out.returncode, 0, out.stderr[-2000:])
+      self.assertIn(f"ks = {spelling!r}", out.stdout)
+      self.assertEqual(evaluation.parse_ks(spelling, 4), [1, 4])
+    with self.assertRaisesRegex(configs.ConfigError, r"config.ks='1,9'.*\[1, config.samples=8\]"):
+      evaluation.parse_ks("1,9", 8)
 
 
 class DefaultWorkdirTest(absltest.TestCase):

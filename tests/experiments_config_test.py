@@ -133,8 +133,8 @@ class EvalTest(absltest.TestCase):
     with self.assertRaisesRegex(configs.ConfigError, r"config\.run_dir='/nonexistent/run' has no"):
       evaluation.validate(config)
     config = evaluation.get_config()
-    config.ks = [1, 16]
-    with self.assertRaisesRegex(configs.ConfigError, r"config\.ks entries must be ints in \[1, "):
+    config.ks = "1,16"
+    with self.assertRaisesRegex(configs.ConfigError, r"config\.ks='1,16': each k must be an "):
       evaluation.validate(config)
     config = evaluation.get_config()
     config.model_path = "/nonexistent/hf_dir"

@@ -194,7 +194,8 @@ class SmokeTest(parameterized.TestCase):
       self.assertEqual(result["step"], expected)
       for key in ("greedy_success", "pass@1", "pass@2"):
         self.assertBetween(result[key], 0.0, 1.0)
-      self.assertTrue(os.path.exists(os.path.join(workdir, "eval.json")))
+      name = f"eval_{os.path.basename(run_dir)}_{expected}.json"  # one file per checkpoint
+      self.assertEqual(os.listdir(workdir), [name])
     # Checkpoint -> HF directory -> evaluated from that directory: the same numbers.
     export_dir = os.path.join(_tmpdir(self), "hf")
     config = evaluation.get_config("smoke")
