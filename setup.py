@@ -2,7 +2,7 @@
 import setuptools
 
 # Both supported stacks are pinned with environment markers: NNX sharding metadata and JAX
-# mesh defaults change between releases (see ../shared/docs/style.md, section 2).
+# mesh defaults change between releases.
 INSTALL_REQUIRES = [
     "jax==0.10.2; python_version < '3.12'",
     "flax==0.12.8; python_version < '3.12'",

@@ -3,7 +3,7 @@
 
 Rewards are data (from rollout or a reward model); nothing here is differentiated. Grouped
 functions take rows [i*G, (i+1)*G) as the G samples of prompt i (`group_size` = G, static).
-Formulas and the verl conventions they copy are in algorithms.md §4.2-§4.11 and §5:
+Formulas and the verl conventions they copy are in docs/algorithms.md §4.2-§4.11 and §5:
 
 - `grpo` (Shao et al. 2024, DeepSeekMath sec. 4.1.2): (R - mean_G) / (std_G + eps), std with
   ddof=1; `norm_by_std=False` is Dr.GRPO (Liu et al. 2025, arXiv 2503.20783).
@@ -51,7 +51,7 @@ def _centre(x_PG: jax.Array) -> jax.Array:
 
 def grpo(reward_B: jax.Array, *, group_size: int, norm_by_std: bool = True,
          eps: float = 1e-6) -> jax.Array:
-  """GRPO advantages [B]: (R_i - mean_G R) / (std_G R + eps), unbiased std (algorithms.md §4.3).
+  """GRPO advantages [B]: (R_i - mean_G R) / (std_G R + eps), unbiased std (docs/algorithms.md §4.3).
 
   norm_by_std=False gives Dr.GRPO's R_i - mean_G R (§4.4). As in verl, a group of size 1 uses
   mean 0 and std 1, so its advantage is R / (1 + eps) (or R without the std).
@@ -123,7 +123,7 @@ def discounted_returns(token_reward_BT: jax.Array, mask_BT: jax.Array, *,
   return carries across those positions unchanged, and gamma counts policy tokens only. The
   output is 0 at masked positions. (verl's REINFORCE++ loop resets the running return at every
   masked position, which is the same for right padding but drops later turns' rewards across
-  an observation; this follows algorithms.md §4.10 instead.)
+  an observation; this follows docs/algorithms.md §4.10 instead.)
   """
   return _masked_discounted_sum(token_reward_BT, mask_BT, gamma)
 
@@ -205,7 +205,7 @@ def turn_group(turn_reward_BU: jax.Array, turn_mask_BU: jax.Array, *, group_size
 
   For each prompt and turn index k, the valid turn-k rewards of the G trajectories are
   standardised with their mean and unbiased std (A2TGPO, arXiv 2605.06200, step (i); the
-  abstract gives the grouping, the GRPO-style z-score follows algorithms.md §5). A (prompt, k)
+  abstract gives the grouping, the GRPO-style z-score follows docs/algorithms.md §5). A (prompt, k)
   group with a single valid turn uses mean 0 and std 1 like `grpo`; equal rewards give 0;
   invalid turns are 0.
   """
@@ -272,7 +272,7 @@ def discounted_turn_returns(turn_reward_BU: jax.Array, turn_mask_BU: jax.Array, 
 
   variance_rescale=True divides by sqrt(number of summed terms), A2TGPO's variance-rescaled
   accumulation: the sum of n unit-variance z-scores has variance n [INF on the exact form,
-  algorithms.md §5]. Invalid turns are skipped and get 0.
+  docs/algorithms.md §5]. Invalid turns are skipped and get 0.
   """
   ret_BU = _masked_discounted_sum(turn_reward_BU, turn_mask_BU, gamma)
   if variance_rescale:
@@ -301,7 +301,7 @@ def broadcast_turn_to_tokens(value_BU: jax.Array, turn_BT: jax.Array,
 
 def dapo_overlong_penalty(length_B: jax.Array, *, max_len: int, buffer_len: int,
                           penalty_factor: float = 1.0) -> jax.Array:
-  """DAPO's soft overlong punishment [B], added to the reward (algorithms.md §4.5).
+  """DAPO's soft overlong punishment [B], added to the reward (docs/algorithms.md §4.5).
 
   With L_exp = max_len - buffer_len: 0 for |y| <= L_exp, -(|y| - L_exp) / buffer_len *
   penalty_factor inside the buffer, and -penalty_factor beyond max_len (the paper's -1; verl

@@ -12,7 +12,7 @@ value fails in one line that names the key, instead of as a shape error deep ins
   })
   -> ConfigError: config.rollout.group_size must be >= 2 for GRPO, got 1
 
-Library functions never see a config (style.md C2): the experiment validates, converts to
+Library functions never see a config (docs/style.md C2): the experiment validates, converts to
 typed values, and passes individual arguments down.
 """
 from collections.abc import Iterator, Mapping, Sequence

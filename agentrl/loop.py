@@ -1,5 +1,5 @@
 # pylint: disable=invalid-name
-"""The RL step driver shared by experiments (architecture.md §2).
+"""The RL step driver shared by experiments (docs/architecture.md §2).
 
 One step of `run`:
 
@@ -119,7 +119,7 @@ def make_score_step(graphdef, *, temperature: float, logprob_impl: str = "auto",
 
   Fills `old_logp_BT` with the learner's own log-probs of the behaviour policy (the ratio's
   denominator) and, with `with_ref`, `ref_logp_BT` from the frozen reference params, which
-  stay a separate non-donated argument (style.md C4). Metrics: `logp_mismatch` (mean
+  stay a separate non-donated argument (docs/style.md C4). Metrics: `logp_mismatch` (mean
   |learner - sampler| log-prob over policy tokens, ~0 in float32), `entropy`, and with a
   reference `kl` (token-mean k3 estimate of KL(pi_old || pi_ref) on the sampled tokens).
   """
@@ -393,7 +393,7 @@ def _step(state, step, rng, rollout_fn, score_fn, advantage_fn, update_fn, *, ep
   marks.append(time.perf_counter())
   keys = [jax.random.fold_in(shuffle_rng, epoch) if shuffle else None for epoch in range(epochs)]
   # Between the rollout's explicit device_put and the metrics' device_get everything stays on
-  # device (style.md C9); an accidental host round trip here fails loudly.
+  # device (docs/style.md C9); an accidental host round trip here fails loudly.
   beat.phase(f"step {step}: score")
   with jax.transfer_guard("disallow"):
     batch, score_metrics = score_fn(state.params, rollout.batch)

@@ -1,5 +1,5 @@
 # pylint: disable=invalid-name
-"""Device meshes, logical-axis sharding rules, sharded params, state and batches (style.md C8).
+"""Device meshes, logical-axis sharding rules, sharded params, state and batches (docs/style.md C8).
 
 The mesh has three axes: `data` (batch rows, params replicated), `fsdp` (batch rows too, and
 params/optimizer state sharded ZeRO-3 style, Rajbhandari et al. 2020) and `tensor` (Megatron

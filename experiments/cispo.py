@@ -5,7 +5,7 @@ r"""CISPO, Clipped IS-weight Policy Optimization (MiniMax-M1, arXiv 2506.13585).
   python -m experiments.cispo --config=experiments/cispo.py:smoke --workdir=/tmp/cispo
 
 L_t = -sg(clip(r_t, 1 - eps_low, 1 + eps_high)) A_t log pi(y_t): the importance weight is
-clipped and detached instead of the update, so every token keeps a gradient (algorithms.md
+clipped and detached instead of the update, so every token keeps a gradient (docs/algorithms.md
 §4.8). verl's example settings: eps_low = 10 (lower bound inactive), eps_high = 0.2, a k3 KL
 to the reference of 0.001, token-mean aggregation; GRPO advantages.
 """

@@ -7,7 +7,7 @@ r"""CTPO, Cumulative Token Policy Optimization (arXiv 2605.07331): the CTPO-LA d
 PPO on the cumulative-token ratio rho_t = prod_{s<=t} r_s over policy tokens (value of the
 prefix product, gradient rho_t grad log pi_t only), clipped in log space with bounds that grow
 with the policy-token position n_t: [-a_lo n_t^kappa, a_hi n_t^kappa], dual clip at
-exp(a_c n_t^kappa) for A < 0 (algorithms.md §1.2). Released defaults (§1.3): a_lo = 0.025,
+exp(a_c n_t^kappa) for A < 0 (docs/algorithms.md §1.2). Released defaults (§1.3): a_lo = 0.025,
 a_hi = 0.05, a_c = 0.05, kappa = 0.5 (set explicitly: the dataclass default is 0), GRPO
 advantages, no KL, token-mean, and sequence-level truncated importance sampling against the
 sampler's log-probs with threshold 5 (§4.12).

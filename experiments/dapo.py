@@ -4,7 +4,7 @@ r"""DAPO (Yu et al. 2025, arXiv 2503.14476): GRPO with the four DAPO changes.
   python -m experiments.dapo
   python -m experiments.dapo --config=experiments/dapo.py:smoke --workdir=/tmp/dapo
 
-algorithms.md §4.5:
+docs/algorithms.md §4.5:
   * clip-higher: eps_low = 0.2, eps_high = 0.28;
   * token-level loss: token-mean over the whole minibatch;
   * dynamic sampling: groups whose G rewards are all equal carry no GRPO signal; keep sampling

@@ -4,7 +4,7 @@ r"""Dr.GRPO (Liu et al. 2025, "Understanding R1-Zero-Like Training", arXiv 2503.
   python -m experiments.dr_grpo
   python -m experiments.dr_grpo --config=experiments/dr_grpo.py:smoke --workdir=/tmp/dr_grpo
 
-GRPO with its two length/difficulty biases removed (algorithms.md §4.4):
+GRPO with its two length/difficulty biases removed (docs/algorithms.md §4.4):
   * advantage A_i = R_i - mean_G R, without dividing by the group std;
   * loss: each sequence's token *sum* divided by a constant, the maximum generation length
     (here rollout.max_new_tokens), averaged over sequences, instead of each sequence's mean.

@@ -6,7 +6,7 @@ r"""GMPO, Geometric-Mean Policy Optimization (Zhao et al. 2025, arXiv 2507.20673
 
 The sequence objective uses the geometric mean of the token ratios, each clipped in log space
 to [-eps_low, eps_high] and picked pessimistically by the sign of A (min for A > 0, max for
-A < 0): L_i = -A_i exp(mean_t l_t), averaged over sequences (algorithms.md §4.7; verl
+A < 0): L_i = -A_i exp(mean_t l_t), averaged over sequences (docs/algorithms.md §4.7; verl
 `geo_mean`, eps = 0.4 as in its example script). GRPO advantages, no KL.
 """
 from absl import app

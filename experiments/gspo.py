@@ -8,7 +8,7 @@ The importance ratio is the length-normalized *sequence* ratio
 s_i = exp((1/|y_i|) sum_t log(pi/pi_old)) (the geometric mean of the token ratios), clipped at
 [1 - 3e-4, 1 + 4e-4] around 1, with the PPO pessimistic min and one GRPO advantage per sequence:
 L_i = max(-A_i s_i, -A_i clip(s_i, 1 - eps_low, 1 + eps_high)), averaged over sequences
-(algorithms.md §4.6). Windows this small only make sense for the sequence ratio. As in the
+(docs/algorithms.md §4.6). Windows this small only make sense for the sequence ratio. As in the
 paper, each rollout batch is split into 4 minibatches, so later updates are off-policy.
 """
 from absl import app

@@ -7,7 +7,7 @@ r"""HölderPO, Hölder Policy Optimisation (arXiv 2605.12058).
 The sequence ratio is the Hölder power mean of the token ratios with exponent p
 (p = 1 arithmetic, p = 0 geometric as GMPO/GSPO, p -> -inf the minimum), clipped at the
 sequence level: L_i = max(-A_i rho_i, -A_i clip(rho_i, 1 - eps, 1 + eps)), averaged over
-sequences (algorithms.md §2.2). p follows a schedule over RL steps (§2.4; the maths run:
+sequences (docs/algorithms.md §2.2). p follows a schedule over RL steps (§2.4; the maths run:
 linear_dec from 2 to -2 over 500 steps); p ticks once per rollout batch, as in the reference.
 """
 from absl import app

@@ -5,7 +5,7 @@ r"""PPO with a learned critic and GAE (Schulman et al. 2017; Ouyang et al. 2022 
   python -m experiments.ppo --config=experiments/ppo.py:smoke --workdir=/tmp/ppo
   python -m experiments.ppo --config=experiments/ppo.py:smollm2 --workdir=runs/ppo_smollm2
 
-algorithms.md §4.1-§4.2, as verl:
+docs/algorithms.md §4.1-§4.2, as verl:
   * token rewards R_t = score * 1[t = last policy token] - beta * kl_k1(pi_old || pi_ref)_t;
   * a value head V on the policy's own hidden states, read at the position that predicts
     token t (so V_t sees tokens < t, like log pi_t). Its input is stop-gradiented: critic

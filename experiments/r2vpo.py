@@ -5,7 +5,7 @@ r"""R2VPO, Ratio-Variance Regularized Policy Optimization (Luo et al. 2026, arXi
   python -m experiments.r2vpo --config=experiments/r2vpo.py:smoke --workdir=/tmp/r2vpo
   python -m experiments.r2vpo --config=experiments/r2vpo.py:smollm2 --workdir=runs/r2vpo_smollm2
 
-No official code or paper body was available; this is the reconstruction of algorithms.md
+No official code or paper body was available; this is the reconstruction of docs/algorithms.md
 §3.2 ([INF], provisional). Instead of clipping, the ratio's second central moment is
 constrained, max E_mu[r A] s.t. E_mu[(r - 1)^2] <= delta, by primal-dual steps:
   primal  L = mean(-A r + sg(lambda) (r - 1)^2)          (agentrl.losses.policy.r2vpo)

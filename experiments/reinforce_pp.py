@@ -8,7 +8,7 @@ r"""REINFORCE++ (Hu 2025, arXiv 2501.03262): critic-free PPO with batch-whitened
 Token rewards R_t = score * 1[t = last policy token] - beta * kl_k1(pi_old || pi_ref)_t (the KL
 penalty lives in the reward, not the loss), returns Ret_t = sum_{k>=t} gamma^(k-t) R_k over
 policy tokens, and advantages = returns whitened over the whole batch, not per group
-(algorithms.md §4.10). The policy loss is the PPO clipped surrogate, token-mean.
+(docs/algorithms.md §4.10). The policy loss is the PPO clipped surrogate, token-mean.
 """
 from absl import app
 from flax import nnx

@@ -6,7 +6,7 @@ r"""ReMax (Li et al. 2023, arXiv 2310.10505): REINFORCE with a greedy-decoding b
 
 For each prompt one extra response is decoded greedily (argmax) in the same sampler batch;
 its reward b_i is the baseline of every sampled response to that prompt: A = R - b_i, no
-critic, no std normalization (algorithms.md §4.11). The policy loss is verl's: the PPO
+critic, no std normalization (docs/algorithms.md §4.11). The policy loss is verl's: the PPO
 clipped surrogate, token-mean.
 """
 from absl import app

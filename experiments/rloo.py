@@ -6,7 +6,7 @@ r"""RLOO, REINFORCE Leave-One-Out (Ahmadian et al. 2024, arXiv 2402.14740).
 
 Each sample's baseline is the mean reward of the *other* G - 1 samples of its prompt:
 A_i = R_i - (1/(G-1)) sum_{j != i} R_j = G/(G-1) (R_i - mean_G R), no std normalization
-(algorithms.md §4.9). The policy loss is verl's: the PPO clipped surrogate, token-mean.
+(docs/algorithms.md §4.9). The policy loss is verl's: the PPO clipped surrogate, token-mean.
 """
 from absl import app
 from flax import nnx

@@ -1,4 +1,4 @@
-"""The public names of architecture.md section 3 exist where the contract puts them."""
+"""The public names of docs/architecture.md section 3 exist where the contract puts them."""
 import importlib
 
 from absl.testing import absltest

@@ -1,4 +1,4 @@
-"""Checks the Bazel BUILD files against the source tree (style.md §4).
+"""Checks the Bazel BUILD files against the source tree (docs/style.md §4).
 
 Every Python source under agentrl/, kernels/, experiments/, scripts/ and tests/ must be in the
 `srcs` of exactly one target; every `*_test.py` must be a `py_test`; every local dep label must

@@ -1,4 +1,4 @@
-"""Bad experiment configs fail up front with a message naming the key (architecture.md §6).
+"""Bad experiment configs fail up front with a message naming the key (docs/architecture.md §6).
 
 Every check here runs before any model is built, so the whole file takes about a second.
 """

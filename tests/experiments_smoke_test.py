@@ -3,7 +3,7 @@
 Each experiments/<name>.py must run `train(get_config("smoke"), workdir)` on CPU in seconds
 and leave the same artifacts behind (config.json, metrics.jsonl, TensorBoard events,
 summary.json, curves.png, checkpoints, W&B logs when asked), and `experiments.eval` must read
-its run (style.md C11.5, architecture.md §4), so a fork gets coverage for free. All experiments run in this one process and share a persistent XLA
+its run (docs/style.md C11.5, docs/architecture.md §4), so a fork gets coverage for free. All experiments run in this one process and share a persistent XLA
 compilation cache, so programs they have in common (model init, sampler, scoring) compile once.
 """
 import os

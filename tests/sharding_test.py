@@ -134,7 +134,7 @@ def _vocab_parallel_logp(model, batch: types.Batch, mesh):
 
 
 def _make_update_step(graphdef, tx, logp_fn):
-  """A GRPO-style step: PPO-clip surrogate, seq-mean-token-mean, Adam (style.md C3)."""
+  """A GRPO-style step: PPO-clip surrogate, seq-mean-token-mean, Adam (docs/style.md C3)."""
 
   def loss_fn(params, batch: types.Batch):
     logp_BT = logp_fn(nnx.merge(graphdef, params), batch)

@@ -1,7 +1,7 @@
 """tensorflow-datasets builder that turns a JSONL prompt file into array_record shards.
 
 The builder must live in a module of a package: tfds resolves a builder's resources from its
-module, and a builder defined in `__main__` fails with NotADirectoryError (offline_resources.md
+module, and a builder defined in `__main__` fails with NotADirectoryError (docs/offline.md
 §5). Each example stores one validated JSONL entry as a JSON string under "record", so any
 entry schema round-trips. Use through `agentrl.data.tfds_source`, which needs no TensorFlow.
 """

@@ -1,7 +1,7 @@
 """tensorflow-datasets array_record sources, without TensorFlow.
 
 tfds can write and randomly read `array_record` shards with no TensorFlow installed
-(offline_resources.md §5): `prepare_jsonl` converts a JSONL prompt file with the
+(docs/offline.md §5): `prepare_jsonl` converts a JSONL prompt file with the
 `tfds_builder.JsonlPrompts` builder (download_and_prepare with file_format="array_record"),
 and `ArrayRecordSource` reads any tfds data source by index (`builder.as_data_source` or
 `tfds.data_source(name, ...)`), decoding bytes to str and numpy scalars to Python values.

@@ -2,7 +2,7 @@
 
 ALFWorld (Shridhar et al. 2021) plays ALFRED household problems as text through TextWorld's
 PDDL backend (fast-downward planner). Its game files are downloaded at run time, so they are
-unavailable offline (offline_resources.md §2); the wheel does ship the domain, the text
+unavailable offline (docs/offline.md §2); the wheel does ship the domain, the text
 grammar, the 120 AI2-THOR floor plans' object/receptacle inventories, the object affordances
 (`alfworld.gen.constants`) and the goal library. `make_problem` builds an ALFRED problem from
 those: a floor plan's receptacles (each at its own location; Fridge/Microwave/Cabinet/... are

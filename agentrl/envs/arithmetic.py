@@ -7,7 +7,7 @@ Two prompt styles:
             digit first, then EOS. Every character is one token under a digit-splitting
             tokenizer, the answer has a fixed length, and reversal lets a causal model emit
             the carry-free low digit first (Lee et al. 2023, "Teaching Arithmetic to Small
-            Transformers"; offline_resources.md §9: 3+3 digits is 13 tokens with EOS). Scored
+            Transformers"; docs/offline.md §9: 3+3 digits is 13 tokens with EOS). Scored
             by exact match of the whole completion (whitespace stripped).
   instruct  "What is 123 + 456? ..." for chat models; the answer is read from
             <answer>...</answer> (else the last line) and compared as a number.

@@ -22,7 +22,7 @@ class MakeProblemTest(parameterized.TestCase):
       self.assertRegex(p["answer"], r"^\d{4}$")
       a, _, b = _operands(p["prompt"])
       self.assertEqual(int(p["answer"][::-1]), a + b)
-      # 13 tokens with EOS under a digit-level tokenizer (offline_resources.md §9).
+      # 13 tokens with EOS under a digit-level tokenizer (docs/offline.md §9).
       self.assertLen(p["prompt"] + p["answer"], 12)
 
   def test_unpadded_reversal_matches_the_issue_example(self):

@@ -1,6 +1,6 @@
 """The environment protocol shared by every built-in env and by the agent loop.
 
-An environment is host Python that talks text (architecture.md §3):
+An environment is host Python that talks text (docs/architecture.md §3):
 
   obs = env.reset(seed)                          # the first user message (task statement)
   obs, reward, done, info = env.step(action)     # one model turn -> one env turn

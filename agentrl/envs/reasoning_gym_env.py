@@ -16,7 +16,7 @@ Seeds: entry `seed` comes from a dataset block created with reasoning-gym seed
 index `seed` (metadata["source_index"] is block-local; entries carry the agentrl seed under
 "seed", and are scored by the dataset block that generated them).
 Some generators (boxnet, graph_color, propositional_logic, rubiks_cube, rush_hour) accept
-several answers and do not score their own "answer" field as 1.0 (offline_resources.md §4).
+several answers and do not score their own "answer" field as 1.0 (docs/offline.md §4).
 
 Requires the `envs` extra (pip install -e '.[envs]'); it is imported only when an env or task
 is constructed.

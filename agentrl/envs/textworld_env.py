@@ -1,7 +1,7 @@
 """TextWorld adapter: locally generated text adventures as a multi-turn Env.
 
 TextWorld (Côté et al. 2018) compiles procedurally generated quests to Z-machine games with
-its bundled Inform7 compiler, fully offline (offline_resources.md §1). `make_game` generates
+its bundled Inform7 compiler, fully offline (docs/offline.md §1). `make_game` generates
 one game per (kind, settings, seed) in-process and caches it in a game-pool directory
 ($AGENTRL_GAME_POOL, default <tmp>/agentrl_game_pool); generation costs 1-5 s, so the pool
 is reused across runs. Kinds: the built-in challenges coin_collector (level), treasure_hunter

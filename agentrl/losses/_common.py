@@ -11,7 +11,7 @@ import numpy as np
 
 from agentrl.losses import aggregation
 
-CLAMP = 20.0  # verl clamps per-token log-ratios to ±20 before exp (algorithms.md §0.4)
+CLAMP = 20.0  # verl clamps per-token log-ratios to ±20 before exp (docs/algorithms.md §0.4)
 LOG_F32_MAX = float(np.log(np.finfo(np.float32).max))
 
 Metrics = dict[str, jax.Array]

@@ -1,7 +1,7 @@
 # pylint: disable=invalid-name
 """Loss aggregation: how a per-token loss matrix becomes one scalar.
 
-The aggregation mode is part of the algorithm (algorithms.md §0.3): global token-mean and
+The aggregation mode is part of the algorithm (docs/algorithms.md §0.3): global token-mean and
 per-sequence mean are different estimators. Losses in `agentrl.losses` return unreduced
 `[B, T]` (or `[B]`) values and the caller reduces them here, once.
 
@@ -129,7 +129,7 @@ def masked_whiten(x: jax.Array, mask: jax.Array, *, shift_mean: bool = True,
                   eps: float = 1e-8) -> jax.Array:
   """verl's `masked_whiten`: (x - mean) / sqrt(unbiased masked var + eps) over all entries.
 
-  Used by GAE, REINFORCE++ and the batch-whitened baselines (algorithms.md §0.4). Masked
+  Used by GAE, REINFORCE++ and the batch-whitened baselines (docs/algorithms.md §0.4). Masked
   entries come back as exactly 0. With `shift_mean=False` the mean is added back (verl option).
   """
   mask_f = mask.astype(jnp.float32)

@@ -1,7 +1,7 @@
 # pylint: disable=invalid-name
 """Tests for agentrl.losses.covariance: Clip-Cov and KL-Cov (Cui et al. 2025).
 
-Hand-computed numbers and the RL invariants of algorithms.md §7. The functions are called
+Hand-computed numbers and the RL invariants of docs/algorithms.md §7. The functions are called
 through `agentrl.losses.policy`, where the API contract names them.
 """
 import functools

@@ -3,7 +3,7 @@
 
 Per-token estimators of KL(pi_theta || pi_ref) from tokens sampled by the policy (J. Schulman,
 "Approximating KL divergence", 2020, http://joschu.net/blog/kl-approx.html), as in verl's
-`kl_penalty` (algorithms.md §4.3). With d = ref_logp - logp:
+`kl_penalty` (docs/algorithms.md §4.3). With d = ref_logp - logp:
 
   k1    -d                    unbiased, high variance, can be negative
   k2    d^2 / 2               biased value; its gradient is the unbiased gradient of the KL
@@ -47,7 +47,7 @@ def _forward(logp_BT: jax.Array, ref_logp_BT: jax.Array, kind: str) -> jax.Array
     return jnp.abs(d_BT)
   # k3. The clamps are verl's; inside an active clamp the gradient is 0 by design.
   d_BT = jnp.clip(d_BT, -20.0, 20.0)
-  # expm1(d) - d avoids the cancellation in exp(d) - 1 - d for small |d| (algorithms.md §6.8).
+  # expm1(d) - d avoids the cancellation in exp(d) - 1 - d for small |d| (docs/algorithms.md §6).
   return jnp.clip(jnp.expm1(d_BT) - d_BT, -10.0, 10.0)
 
 
@@ -106,7 +106,7 @@ def kl_in_reward(score_B: jax.Array, old_logp_BT: jax.Array, ref_logp_BT: jax.Ar
                  kind: str = "k1") -> tuple[jax.Array, dict[str, jax.Array]]:
   """Token rewards R_t = score * 1[t = last policy token] - beta * kl_t (verl apply_kl_penalty).
 
-  Used by PPO (Ouyang et al. 2022, eq. 2) and REINFORCE++ (algorithms.md §4.2, §4.10): the
+  Used by PPO (Ouyang et al. 2022, eq. 2) and REINFORCE++ (docs/algorithms.md §4.2, §4.10): the
   outcome score sits on the last policy token of each row and every policy token pays the KL
   penalty of the behaviour policy against the reference. Positions with mask 0 get reward 0.
 

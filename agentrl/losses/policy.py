@@ -4,7 +4,7 @@
 This module holds the token-level surrogates (REINFORCE, PPO, CTPO, CISPO, SAPO, R2VPO) and
 re-exports the sequence-ratio losses of `agentrl.losses.sequence` (GSPO, GMPO, HölderPO) and
 the covariance losses of `agentrl.losses.covariance` (Clip-Cov, KL-Cov), because the API
-contract (architecture.md §3) names every surrogate as `agentrl.losses.policy.<name>`.
+contract (docs/architecture.md §3) names every surrogate as `agentrl.losses.policy.<name>`.
 
 Each function takes `logp_BT` (current policy; the only input meant to be differentiated),
 `old_logp_BT` (behaviour policy, data), advantages and the loss mask, and returns
@@ -13,7 +13,7 @@ Each function takes `logp_BT` (current policy; the only input meant to be differ
   * Token forms return `loss_BT` [B, T]; sequence forms (`gspo`, `gmpo`, `holder_po`) return
     `loss_B` [B]. Entries are exactly 0 where masked and for rows with no policy token.
   * The caller reduces once with `agentrl.losses.aggregation.aggregate`; the mode is part of
-    the algorithm (algorithms.md §0.3). Reference modes: token-mean for `vanilla_pg`,
+    the algorithm (docs/algorithms.md §0.3). Reference modes: token-mean for `vanilla_pg`,
     `ppo_clip`, `ctpo`, `cispo`, `clip_cov`, `kl_cov`, `r2vpo(level="token")`;
     seq-mean-token-mean for `gspo_token`, `sapo`, `r2vpo(level="sequence")` and the GRPO
     paper; "seq-mean" with `valid_B = mask_BT.sum(-1) > 0` for the sequence forms.
@@ -45,7 +45,7 @@ from agentrl.losses import sequence
 
 Metrics = _common.Metrics
 
-# The API contract (architecture.md §3) names these as agentrl.losses.policy.<name>.
+# The API contract (docs/architecture.md §3) names these as agentrl.losses.policy.<name>.
 gspo = sequence.gspo
 gspo_token = sequence.gspo_token
 gmpo = sequence.gmpo
@@ -109,7 +109,7 @@ def ctpo(logp_BT: jax.Array, old_logp_BT: jax.Array, adv_BT: jax.Array, mask_BT:
          a_lo: float = 0.025, a_hi: float = 0.05, a_c: float = 0.05, kappa: float = 0.5,
          geomean: bool = False, clip_mode: str = "log_adaptive", eps_low: float = 0.2,
          eps_high: float = 0.2, dual_clip: float = 3.0) -> tuple[jax.Array, Metrics]:
-  """CTPO: PPO with the cumulative-token ratio (arXiv 2605.07331; algorithms.md §1.2).
+  """CTPO: PPO with the cumulative-token ratio (arXiv 2605.07331; docs/algorithms.md §1.2).
 
   ρ_t = Π_{s≤t} r_s over policy tokens (`ratios.cumulative_log_ratio`; value of the prefix
   product, gradient ρ_t ∇logp_t only). clip_mode="log_adaptive" is CTPO-LA
@@ -160,7 +160,7 @@ def cispo(logp_BT: jax.Array, old_logp_BT: jax.Array, adv_BT: jax.Array, mask_BT
   The clipped IS weight is detached, so every token keeps its gradient (verl
   `compute_policy_loss_cispo`; r from ℓ clamped to ±20). Defaults follow verl's CISPO example:
   eps_low = 10 makes the lower bound inactive, eps_high = 0.2; the paper's own values were not
-  verified (algorithms.md §4.8). clipfrac_high / clipfrac_low here count truncated weights
+  verified (docs/algorithms.md §4.8). clipfrac_high / clipfrac_low here count truncated weights
   (regardless of the sign of A), not removed gradients.
   """
   valid_BT = _common.check(logp_BT, old_logp_BT, mask_BT)
@@ -213,7 +213,7 @@ def r2vpo(logp_BT: jax.Array, old_logp_BT: jax.Array, adv_BT: jax.Array, mask_BT
           ratio_cap: float | None = None) -> tuple[jax.Array, Metrics]:
   """R2VPO primal loss, ratio-variance penalty instead of clipping (arXiv 2601.03320).
 
-  Reconstruction (algorithms.md §3.2; no official code or paper body was available):
+  Reconstruction (docs/algorithms.md §3.2; no official code or paper body was available):
     L_t = w_i · (−A_t r_t + sg(λ) (r_t − c)²)
   with the Lagrangian max E[rA] s.t. E[(r − c)²] ≤ δ. The per-token gradient is
   −w r (A − 2λ(r − c)) ∇logp: drifted samples get a smoothly shrunk or reversed effective
@@ -273,7 +273,7 @@ def r2vpo_dual_update(lam: float | jax.Array, ratio_var: jax.Array, *, delta: fl
   """Projected dual ascent for R2VPO's multiplier: λ ← max(0, λ + lr (V̂ − δ)). [INF]
 
   Raises λ while the ratio variance exceeds δ and lowers it otherwise, never below 0. The
-  step size, δ and the initial λ are not known from the paper (algorithms.md §3.2).
+  step size, δ and the initial λ are not known from the paper (docs/algorithms.md §3.2).
   """
   lam = jnp.asarray(lam, jnp.float32)
   return jnp.maximum(0.0, lam + lr * (jax.lax.stop_gradient(ratio_var) - delta))

@@ -2,7 +2,7 @@
 """Tests for agentrl.losses.policy: the token-level surrogates and the re-exported names.
 
 Golden numbers on a hand-made batch, float64 NumPy references (value and gradient by central
-finite differences) on random masked batches, and the RL invariants of algorithms.md §7. The
+finite differences) on random masked batches, and the RL invariants of docs/algorithms.md §7. The
 sequence-ratio and covariance losses are tested in sequence_test.py and covariance_test.py.
 """
 import functools
@@ -25,7 +25,7 @@ jax.config.update("jax_numpy_rank_promotion", "raise")
 
 
 # ---------------------------------------------------------------------------------------------
-# Float64 NumPy references, written from algorithms.md independently of the JAX code. Losses
+# Float64 NumPy references, written from docs/algorithms.md independently of the JAX code. Losses
 # with a stop-gradient split take `frozen` (the value of logp inside sg).
 # ---------------------------------------------------------------------------------------------
 def np_ppo(logp, frozen, old, adv, m, eps_low=0.2, eps_high=0.2, dual=None):
@@ -285,7 +285,7 @@ class SapoTest(absltest.TestCase):
 class ContractTest(absltest.TestCase):
 
   def test_family_modules_are_reexported(self):
-    # architecture.md §3 names every surrogate as agentrl.losses.policy.<name>.
+    # docs/architecture.md §3 names every surrogate as agentrl.losses.policy.<name>.
     for name in ("gspo", "gspo_token", "gmpo", "holder_po"):
       self.assertIs(getattr(pg, name), getattr(sequence, name))
     for name in ("clip_cov", "kl_cov"):

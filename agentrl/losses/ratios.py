@@ -2,7 +2,7 @@
 """Importance ratios between the current and the behaviour policy, in log space.
 
 The ratio is the part of a policy-gradient objective that varies most between methods
-(algorithms.md §0.2 notation; ℓ_t = logp_t − old_logp_t, r_t = exp(ℓ_t)):
+(docs/algorithms.md §0.2 notation; ℓ_t = logp_t − old_logp_t, r_t = exp(ℓ_t)):
 
   token_log_ratio            ℓ_t, clamped to ±20 before any exp (verl; PPO, CISPO, CTPO).
   sequence_log_ratio         (1/|y|) Σ_t m ℓ_t: log of GSPO's length-normalised ratio
@@ -13,7 +13,7 @@ The ratio is the part of a policy-gradient objective that varies most between me
   holder_log_ratio           HölderPO (arXiv 2605.12058): log of the power mean of r with
                              exponent p; p = 0 is the geometric mean (GSPO ratio).
   rollout_correction_weight  truncated IS weight for the rollout/trainer mismatch
-                             (verl `compute_rollout_correction_weights`, algorithms.md §4.12).
+                             (verl `compute_rollout_correction_weights`, docs/algorithms.md §4.12).
 
 Masks are 1 on policy-sampled tokens and 0 on prompt, padding and tool/observation tokens.
 Every function treats masked entries as absent: they add nothing to sums, counts or maxima,
@@ -42,7 +42,7 @@ def token_log_ratio(logp_BT: jax.Array, old_logp_BT: jax.Array, mask_BT: jax.Arr
                     clamp: float | None = _LOG_RATIO_CLAMP) -> jax.Array:
   """ℓ_t = clip(logp_t − old_logp_t, −clamp, clamp), exactly 0 where masked. f32 [B, T].
 
-  The gradient through an active clamp is 0 (intended; algorithms.md §0.4). `clamp=None`
+  The gradient through an active clamp is 0 (intended; docs/algorithms.md §0.4). `clamp=None`
   leaves ℓ unclamped (GSPO, GMPO and HölderPO references do not clamp).
   """
   _check(logp_BT, old_logp_BT, mask_BT)
@@ -79,7 +79,7 @@ def sequence_token_log_ratio(logp_BT: jax.Array, old_logp_BT: jax.Array, mask_BT
 def cumulative_log_ratio(logp_BT: jax.Array, old_logp_BT: jax.Array, mask_BT: jax.Array, *,
                          geomean: bool = False, clamp: float = _LOG_RATIO_CLAMP,
                          max_log_ratio: float = _MAX_LOG_RATIO) -> tuple[jax.Array, jax.Array]:
-  """CTPO cumulative log-ratio and policy-token position (algorithms.md §1.2 steps 1–4).
+  """CTPO cumulative log-ratio and policy-token position (docs/algorithms.md §1.2 steps 1–4).
 
   S_t = Σ_{s≤t} m_s ℓ_s and n_t = Σ_{s≤t} m_s run over policy tokens only, so tool and
   observation tokens neither add to the prefix ratio nor advance the position. The returned
@@ -113,7 +113,7 @@ def holder_log_ratio(log_ratio_BT: jax.Array, mask_BT: jax.Array, *,
                      p: float | jax.Array) -> jax.Array:
   """Log Hölder (power) mean of the token ratios, M_p = log((1/L) Σ_t r_t^p)^(1/p). f32 [B].
 
-  HölderPO (arXiv 2605.12058, §3; algorithms.md §2.2, §2.7). L is each row's number of valid
+  HölderPO (arXiv 2605.12058, §3; docs/algorithms.md §2.2, §2.7). L is each row's number of valid
   tokens. p = 1 is the arithmetic mean of r, p = −1 the harmonic mean, p → ±∞ the max / min,
   and p = 0 (|p| < 1e-12) the geometric mean (1/L) Σ_t m_t ℓ_t (the function is continuous).
   ∂M_p/∂ℓ_t = softmax_t(p ℓ) over valid tokens.
@@ -181,7 +181,7 @@ def rollout_correction_weight(old_logp_BT: jax.Array, sampler_logp_BT: jax.Array
                     broadcast to the row's tokens.
   The weight is detached (it changes the measure, not the objective), 0 where masked, and
   multiplies the per-token policy loss before aggregation. It is a separate factor from any
-  method's own ratio (algorithms.md §1.5). verl's default threshold is 2.0; ctpo.sh uses
+  method's own ratio (docs/algorithms.md §1.5). verl's default threshold is 2.0; ctpo.sh uses
   level="sequence", threshold=5.0.
 
   Args:

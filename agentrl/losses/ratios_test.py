@@ -121,7 +121,7 @@ class RatioPropertiesTest(parameterized.TestCase):
 
 
 class CumulativeRatioTest(absltest.TestCase):
-  """CTPO ratio properties (algorithms.md §1.6)."""
+  """CTPO ratio properties (docs/algorithms.md §1.6)."""
 
   def test_first_and_last_policy_tokens(self):
     logp, old, mask = _random_batch()
@@ -169,7 +169,7 @@ class CumulativeRatioTest(absltest.TestCase):
 
 
 class HolderRatioTest(parameterized.TestCase):
-  """Power-mean properties (algorithms.md §2.6, §2.8, §9)."""
+  """Power-mean properties (docs/algorithms.md §2.6, §2.8, §9)."""
 
   def setUp(self):
     super().setUp()
@@ -267,7 +267,7 @@ _holder_jit = jax.jit(lambda x, mask, p: ratios.holder_log_ratio(x, mask, p=p))
 
 
 class HolderPrecisionTest(parameterized.TestCase):
-  """M_p in f32 vs an exact reference (algorithms.md §2.7): relative error <= 1e-5 per row.
+  """M_p in f32 vs an exact reference (docs/algorithms.md §2.7): relative error <= 1e-5 per row.
 
   The textbook f32 form (logsumexp(p ℓ) − log L)/p is off by 2-240 % of M_p at L = 4096 for
   1e-6 <= |p| <= 1e-3 (e.g. 0 instead of −0.0028 at p = 1e-5), because the rounding of

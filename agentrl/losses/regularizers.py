@@ -5,7 +5,7 @@
   The per-token entropy comes from the log-prob kernel (`kernels.logprob.token_logprobs(...,
   return_entropy=True)`), so this module only turns it into a masked loss.
 - Ratio variance E_mu[(r - 1)^2], r = pi_theta / mu, the quantity R2VPO constrains
-  (arXiv 2601.03320; algorithms.md §3.2, where the exact form is [INF]). Centred at 1 it is the
+  (arXiv 2601.03320; docs/algorithms.md §3.2, where the exact form is [INF]). Centred at 1 it is the
   Pearson chi^2 divergence chi^2(pi_theta || mu); centred at the batch mean it is the plain
   variance, which differs when the data are stale (E_mu[r] = 1 only for the exact mu).
 """
@@ -51,7 +51,7 @@ def ratio_variance(logp_BT: jax.Array, old_logp_BT: jax.Array, mask_BT: jax.Arra
     raise ValueError(f"Unknown ratio_variance center={center!r}; expected one of {CENTERS}.")
   chex.assert_equal_shape([logp_BT, old_logp_BT, mask_BT])
   log_ratio_BT = logp_BT.astype(jnp.float32) - old_logp_BT.astype(jnp.float32)
-  # Clamp before exp as verl does (algorithms.md §0.4); masked garbage is replaced by 0 first.
+  # Clamp before exp as verl does (docs/algorithms.md §0.4); masked garbage is replaced by 0 first.
   log_ratio_BT = jnp.clip(jnp.where(mask_BT > 0, log_ratio_BT, 0.0), -20.0, 20.0)
   ratio_BT = jnp.exp(log_ratio_BT)
   mean = aggregation.masked_mean(ratio_BT, mask_BT)

@@ -2,7 +2,7 @@
 """Schedules for loss hyperparameters that change during training.
 
 `holder_p` is HölderPO's exponent schedule (arXiv 2605.12058, §3 "dynamic p-scheduling";
-official code `resolve_holder_p` / `_get_current_holder_p`, algorithms.md §2.4). With
+official code `resolve_holder_p` / `_get_current_holder_p`, docs/algorithms.md §2.4). With
 prog = min(1, step / schedule_steps), mid = (p_min + p_max)/2, amp = (p_max − p_min)/2:
 
   constant    p_const

@@ -1,4 +1,4 @@
-"""Tests for agentrl.losses.schedules (HölderPO p schedules, algorithms.md §2.4)."""
+"""Tests for agentrl.losses.schedules (HölderPO p schedules, docs/algorithms.md §2.4)."""
 import functools
 
 from absl.testing import absltest

@@ -115,7 +115,7 @@ def gmpo(logp_BT: jax.Array, old_logp_BT: jax.Array, adv_B: jax.Array, mask_BT: 
 def holder_po(logp_BT: jax.Array, old_logp_BT: jax.Array, adv_B: jax.Array, mask_BT: jax.Array,
               *, p: float | jax.Array, eps_low: float = 0.2, eps_high: float = 0.2,
               clip_mode: str = "sequence") -> tuple[jax.Array, Metrics]:
-  """HölderPO (arXiv 2605.12058; algorithms.md §2), per sequence [B].
+  """HölderPO (arXiv 2605.12058; docs/algorithms.md §2), per sequence [B].
 
   ρ_i = exp(M_p), M_p the log power mean of the token ratios (`ratios.holder_log_ratio`,
   unclamped ℓ as in the reference). The three clip modes are the authors' maths learner's

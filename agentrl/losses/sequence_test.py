@@ -2,7 +2,7 @@
 """Tests for agentrl.losses.sequence: GSPO, GMPO and HölderPO (sequence-ratio losses).
 
 Golden numbers on a hand-made batch, float64 NumPy references (value and gradient by central
-finite differences) on random masked batches, and the RL invariants of algorithms.md §7 and
+finite differences) on random masked batches, and the RL invariants of docs/algorithms.md §7 and
 §2.8. The functions are called through `agentrl.losses.policy`, where the API contract names
 them.
 """
@@ -24,7 +24,7 @@ jax.config.update("jax_numpy_rank_promotion", "raise")
 
 
 # ---------------------------------------------------------------------------------------------
-# Float64 NumPy references, written from algorithms.md (and, for "sequence_w_clip", the
+# Float64 NumPy references, written from docs/algorithms.md (and, for "sequence_w_clip", the
 # HölderPO maths learner) independently of the JAX code.
 # ---------------------------------------------------------------------------------------------
 def np_gspo(logp, old, adv_B, m, eps_low=3e-4, eps_high=4e-4):

@@ -2,7 +2,7 @@
 """Test helpers for the surrogate losses (policy_test, sequence_test, covariance_test).
 
 A hand-made golden batch, a random masked batch, finite differences, and the RL invariants
-of algorithms.md §7 written once as checks that raise AssertionError, so each test file runs
+of docs/algorithms.md §7 written once as checks that raise AssertionError, so each test file runs
 them over its own functions.
 """
 import jax

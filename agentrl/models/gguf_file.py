@@ -2,7 +2,8 @@
 
 `gguf.GGUFReader` builds its fields through per-element memmap slices, which takes several
 seconds for a 49k-token vocabulary; this parses the same header with `struct` (milliseconds)
-and leaves dequantization to `gguf.quants`. Format: github.com/ggml-org/ggml docs/gguf.md.
+and leaves dequantization to `gguf.quants`. Format:
+https://github.com/ggml-org/ggml/blob/master/docs/gguf.md.
 """
 import dataclasses
 import math

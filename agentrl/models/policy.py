@@ -4,7 +4,7 @@
   logp_BT = token_logprobs(model, tokens_BT, positions_BT, input_mask_BT)
   logp_BT[:, t] = log pi(tokens[:, t] | tokens[:, <t]) for t >= 1, and logp_BT[:, 0] = 0
 
-(architecture.md §3). The [B, T, V] logits are never materialized: the final hidden states and
+(docs/architecture.md §3). The [B, T, V] logits are never materialized: the final hidden states and
 the unembedding go to the fused `kernels.logprob.ops.token_logprobs` op, which computes
 log softmax(cap·tanh(h W / cap) / temperature)[target] in float32 (soft-cap only for Gemma 2).
 Sampler and learner therefore agree to float32 rounding when both use the same params.

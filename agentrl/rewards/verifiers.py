@@ -10,7 +10,7 @@ a float (1.0 / 0.0 for these verifiers). A completion with no extractable answer
 bad completions never raise. The answer is reduced first by `agentrl.rewards.extract` (`mode`).
 
 math-verify (Kydlicek et al., HF 2025) uses `signal.alarm` for its timeouts, which raises
-ValueError outside the main thread (offline_resources.md §4). `math_equal` therefore calls it
+ValueError outside the main thread (docs/offline.md §4). `math_equal` therefore calls it
 directly only in the main thread; from any other thread it hands the pair to a persistent
 worker subprocess (whose main thread runs the same signal-based timeouts) and kills and
 restarts that worker if it does not answer in time.

@@ -8,7 +8,7 @@
 Each turn, every unfinished row is batched into one `Sampler.generate` call with its whole
 transcript as the prompt (stop ids: the tokenizer's end-of-turn ids and EOS). The sampled ids
 are appended to the transcript exactly as sampled; they are decoded to text only to hand the
-env an action, and that text is never encoded again (architecture.md §2). The env's reply is
+env an action, and that text is never encoded again (docs/architecture.md §2). The env's reply is
 rendered through the chat template (the text that follows an assistant turn: end-of-turn,
 user header, observation, assistant header) and only that text is tokenized; when the model
 already emitted the end-of-turn token, its copy at the start of the rendered text is dropped.
@@ -16,7 +16,7 @@ With `chat_template=False` (tiny from-scratch models, raw-text tasks) the first 
 is encoded with BOS and later ones are appended as plain text.
 
 Every env is wrapped in `agentrl.envs.safe.SafeEnv` (unless it already is one), so bad input
-never crashes a rollout (architecture.md §6) and every case is counted in the metrics:
+never crashes a rollout (docs/architecture.md §6) and every case is counted in the metrics:
   env/env_errors     reset or step raised. A failed reset leaves the row with the error text
                      as its prompt and no model turn (it keeps the group layout and has real
                      tokens); a failed step ends the row with reward 0 for that turn.
@@ -246,7 +246,7 @@ def rollout_groups(sampler: sampler_lib.Sampler, params, tok, make_env: Callable
 
   All P * G (+ P) rows run in the same sampler batches. The greedy rows are returned apart
   (`baseline`, one per prompt) so the main batch keeps the [i*G, (i+1)*G) group layout; their
-  rewards are the ReMax baseline b_i (algorithms.md §4.11). Summary metrics cover the main
+  rewards are the ReMax baseline b_i (docs/algorithms.md §4.11). Summary metrics cover the main
   rows; rollout/baseline_reward_mean the greedy ones.
   """
   if group_size < 1:

@@ -9,7 +9,7 @@ max_len is cut to its first max_len tokens and its `truncated_B` flag is set (ne
 B is len(trajs): group layout (rows [i*G, (i+1)*G) share a prompt) is the caller's order.
 
 loss_mask is 1 only on tokens the policy sampled: tool and environment tokens are context,
-not actions, so they get loss_mask 0 even though the model attends to them (style.md C9).
+not actions, so they get loss_mask 0 even though the model attends to them (docs/style.md C9).
 """
 from typing import Sequence
 

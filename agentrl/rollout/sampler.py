@@ -6,7 +6,7 @@
                          top_k=50, top_p=0.95, stop_ids=tok.end_of_turn_ids)
   out.tokens_BN, out.logp_BN, out.lengths_B          # host numpy
 
-Design (kernels.md §6; after tunix's vanilla sampler): prompts are left-padded so that every
+Design (docs/kernels.md §6; after tunix's vanilla sampler): prompts are left-padded so that every
 row's last prompt token sits in the same column; one prefill writes them into a static-shape
 KV cache at slots [0, P - 1), then a `lax.while_loop` feeds one token per step (the last
 prompt token first) at slot P - 1 + s and exits as soon as every row has stopped. Prefill and

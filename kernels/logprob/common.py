@@ -1,5 +1,5 @@
 # pylint: disable=invalid-name
-"""Tile math shared by every log-prob implementation (kernels.md §1).
+"""Tile math shared by every log-prob implementation (docs/kernels.md §1).
 
 The same jnp functions run on a whole `[n, V]` chunk (xla.py) and on a `[tn, tv]` tile inside a
 Pallas kernel (pallas_tpu.py, pallas_gpu.py), so all implementations agree by construction.
@@ -50,7 +50,7 @@ def tile_stats(z, col, y, valid, with_entropy: bool):
   m = jnp.max(z, axis=1, keepdims=True)
   e = jnp.exp(z - m)
   l = jnp.sum(e, axis=1, keepdims=True)
-  # Target by iota comparison: gathers and one_hot do not lower inside Pallas (kernels.md §2.1).
+  # Target by iota comparison: gathers and one_hot do not lower inside Pallas (docs/kernels.md §2.1).
   t = jnp.sum(jnp.where(jnp.logical_and(valid, col == y), z, 0.0), axis=1, keepdims=True)
   a = jnp.sum(e * z, axis=1, keepdims=True) if with_entropy else jnp.zeros_like(l)
   return m, l, t, a
@@ -75,7 +75,7 @@ def finalize(stats: Stats):
 
 
 def dlogits(z, dz_ds, col, y, valid, lse, mean_z, g, g_ent):
-  """Cotangent of the raw logits `s` for one tile (kernels.md §1), zero on masked columns.
+  """Cotangent of the raw logits `s` for one tile (docs/kernels.md §1), zero on masked columns.
 
   dz = g·(1[v=y] − p) + g_ent·p·(E_p[z] − z), with p = exp(z − lse); dS = dz · dz/ds.
   All per-token inputs (lse, mean_z, g, g_ent, y) are `[n, 1]`; g_ent may be None.

@@ -6,7 +6,7 @@
 
 `logp_t = log softmax(z_t)[y_t]` with `z_t = cap·tanh(h_t W / cap) / temperature` (Gemma-2
 soft-capping, arXiv 2408.00118, only when `softcap` is set; temperature as in verl/Liger), and
-`entropy_t = −Σ_v p_tv log p_tv`, all float32. Implementations (kernels.md §8):
+`entropy_t = −Σ_v p_tv log p_tv`, all float32. Implementations (docs/kernels.md §8):
 
   "xla"         token-chunked `lax.map`/`scan` with a hand-written backward (xla.py).
   "pallas_tpu"  Mosaic kernels tiled over tokens × vocab with an online logsumexp.
@@ -23,7 +23,7 @@ recomputes logit tiles.
 Vocab-parallel use (a sharded W): `logprob_stats` on each local vocab shard (targets shifted
 into the shard's range; out-of-shard targets contribute 0), `allreduce_stats` across the vocab
 axis, `common.finalize`; the backward is `logprob_backward` with the global `lse`/`E_p[z]`,
-whose `dh` is summed over the vocab axis (Megatron-style, kernels.md §8.5).
+whose `dh` is summed over the vocab axis (Megatron-style, docs/kernels.md §8.5).
 """
 import dataclasses
 import functools

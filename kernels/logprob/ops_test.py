@@ -1,5 +1,5 @@
 # pylint: disable=invalid-name
-"""Tests for kernels.logprob: every implementation against the naive reference (style.md C10).
+"""Tests for kernels.logprob: every implementation against the naive reference (docs/style.md C10).
 
 Value and gradient w.r.t. hidden and W with per-token cotangents on logp and entropy, float32
 and bf16, ragged N, V not a multiple of the tile, soft-capping and temperature. The Pallas

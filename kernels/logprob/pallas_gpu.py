@@ -3,7 +3,7 @@
 
 The Triton backend of `pl.pallas_call` (compiler_params = `plgpu.CompilerParams`, from
 `jax.experimental.pallas.triton`) is present in jax 0.10.2 and 0.12 (deprecated since 0.11 in
-favour of Mosaic GPU, whose API changed between those releases; kernels.md §4). Triton has no
+favour of Mosaic GPU, whose API changed between those releases; docs/kernels.md §4). Triton has no
 sequential grid axes or scratch buffers, so each program loops over its tiles with `fori_loop`:
 
 - Forward, grid `(N/tn, splits)`: program (i, k) streams vocab split k in `[tn, tv]` tiles,
@@ -16,7 +16,7 @@ sequential grid axes or scratch buffers, so each program loops over its tiles wi
   `[tn, D]` register accumulator (D is up to several thousand).
 
 `ops.token_logprobs(impl="auto")` uses the XLA path on GPU: its cuBLAS GEMMs are the stronger
-baseline until this kernel is benchmarked on hardware (kernels.md §8.3). Tested in interpret mode.
+baseline until this kernel is benchmarked on hardware (docs/kernels.md §8.3). Tested in interpret mode.
 """
 import dataclasses
 import functools

@@ -1,5 +1,5 @@
 # pylint: disable=invalid-name
-"""Pallas TPU (Mosaic) kernels for per-token log-probs and their backward (kernels.md §4, §8).
+"""Pallas TPU (Mosaic) kernels for per-token log-probs and their backward (docs/kernels.md §4, §8).
 
 Forward: grid `(N/tn "parallel", V/tv "arbitrary")`; each step computes a `[tn, tv]` logit tile
 (bf16 in, float32 accumulate), masks the ragged last vocab tile by iota, and merges the tile into
@@ -29,7 +29,7 @@ from kernels.logprob import common
 class BlockSizes:
   """Tile sizes: rows (tokens, multiple of 8) and vocab (multiple of 128).
 
-  kernels.md §3: rows ≥ 512–1024 keeps the W stream above the ridge point; vocab is bounded
+  docs/kernels.md §3: rows ≥ 512–1024 keeps the W stream above the ridge point; vocab is bounded
   by scoped VMEM (`D·vocab·2B·2 + rows·vocab·4B`). Both are clipped to the problem size.
   """
   rows: int = 512

@@ -1,5 +1,5 @@
 # pylint: disable=invalid-name
-"""Per-token log-probs with the vocabulary split over a mesh axis (kernels.md §8.5).
+"""Per-token log-probs with the vocabulary split over a mesh axis (docs/kernels.md §8.5).
 
 Megatron's vocab-parallel cross-entropy (Shoeybi et al. 2019) as one `shard_map` +
 `custom_vjp` around the `ops` building blocks: each device scores its vocabulary shard and

@@ -1,5 +1,5 @@
 # pylint: disable=invalid-name
-"""kernels.logprob.vocab_parallel on 8 host CPU devices: sharded == reference (style.md C10).
+"""kernels.logprob.vocab_parallel on 8 host CPU devices: sharded == reference (docs/style.md C10).
 
 Value and gradient w.r.t. hidden and W against `ops.token_logprobs_reference`, and the compiled
 program never holds an array that spans the vocabulary. The two-process run of the same op is

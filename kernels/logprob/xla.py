@@ -1,5 +1,5 @@
 # pylint: disable=invalid-name
-"""Token-chunked XLA implementation of per-token log-probs (kernels.md §8.4).
+"""Token-chunked XLA implementation of per-token log-probs (docs/kernels.md §8.4).
 
 A `lax.map`/`lax.scan` over token chunks of `rows` tokens; each chunk materializes full-V
 float32 logits (`rows × V × 4` bytes, never `[N, V]`), as Liger's fused linear cross-entropy and
@@ -30,7 +30,7 @@ class BlockSizes:
   """Tokens per chunk: `rows`, or when None the multiple of 8 whose `rows × V` float32 logits
   fit in `chunk_bytes`. Peak extra memory is about two such buffers (+ the f32 dW in the
   backward). The 64 MiB default bounds memory on any V; accelerators reach higher matmul
-  intensity with rows ≈ 1–4k (kernels.md §3, §8.4) where memory allows.
+  intensity with rows ≈ 1–4k (docs/kernels.md §3, §8.4) where memory allows.
   """
   rows: int | None = None
   chunk_bytes: int = 64 * 2**20

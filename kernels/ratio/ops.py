@@ -4,7 +4,7 @@
   ratio_stats(logp_BT, old_logp_BT, mask_BT, adv_BT, *, clamp=20., max_log_ratio=10.,
               a_lo=0.025, a_hi=0.05, kappa=0.5, geomean=False, impl="auto") -> RatioStats
 
-Definitions (CTPO, arXiv 2605.07331; algorithms.md §1.2, verl conventions §0.4), m = mask:
+Definitions (CTPO, arXiv 2605.07331; docs/algorithms.md §1.2, verl conventions §0.4), m = mask:
 
   ℓ_t = clip(logp_t − old_logp_t, −clamp, clamp), 0 where m_t = 0
   S_t = Σ_{s≤t} m_s ℓ_s   (S_t / n_t with geomean),   n_t = Σ_{s≤t} m_s
@@ -20,7 +20,7 @@ CTPO uses sg(S_t). Everything else is a statistic.
 impl: "xla" (plain jnp; XLA fuses it), "pallas" (pallas.py, Mosaic/TPU, or interpret mode on
 CPU), "pallas_tpu" (the same kernel without the backend check, for AOT export), "auto" = "xla"
 on every backend: the Pallas kernel has not been shown faster anywhere it was measured
-(kernels/README.md), and kernels.md §5 expects XLA to win on this O(B·T) data.
+(kernels/README.md), and docs/kernels.md §5 expects XLA to win on this O(B·T) data.
 """
 import dataclasses
 import functools

@@ -2,7 +2,7 @@
 """Pallas TPU (Mosaic) kernel for the ratio math of one minibatch (CTPO, arXiv 2605.07331).
 
 One pass over `[B, T]` computes, per token: the clamped log-ratio ℓ_t, the masked cumulative
-log-ratio S_t = Σ_{s≤t} m_s ℓ_s and the policy-token position n_t (algorithms.md §1.2 steps
+log-ratio S_t = Σ_{s≤t} m_s ℓ_s and the policy-token position n_t (docs/algorithms.md §1.2 steps
 1–3), the CTPO-LA clip masks of log ρ_t = min(S_t, max_log_ratio) against the
 position-adaptive window [−a_lo·n_t^κ, a_hi·n_t^κ], and per-row clip counts.
 
@@ -11,7 +11,7 @@ Grid `(B/tb "parallel", T/tt "arbitrary")`: the T axis is sequential so the runn
 upper-triangular ones matrix (Mosaic has no cumsum lowering; the MXU does it in one op) at
 HIGHEST precision so float32 log-ratios are not rounded to bf16.
 
-kernels.md §5 expects XLA's fusion of the same math to be as fast (the data is O(B·T)); the
+docs/kernels.md §5 expects XLA's fusion of the same math to be as fast (the data is O(B·T)); the
 benchmark in scripts/bench_ratio.py decides, and ops.py keeps XLA as the default.
 """
 import dataclasses
