@@ -34,6 +34,7 @@ import numpy as np
 import optax
 
 from agentrl import checkpoint as checkpoint_lib
+from agentrl import health
 from agentrl import metrics as metrics_lib
 from agentrl import types
 from agentrl.losses import aggregation
@@ -228,26 +229,8 @@ def _mean_metrics(per_update: Sequence[Mapping[str, Any]]) -> dict[str, float]:
   return out
 
 
-class TrainingStopped(RuntimeError):
-  """The run diverged or collapsed; the message says why and which checkpoint to go back to."""
-
-
-def _unhealthy(record: Mapping[str, Any], updates: int, entropy_floor: float) -> str:
-  """'' for a healthy step, else "skipped" (every update dropped) or "collapsed"."""
-  if record.get("skipped", 0.0) >= updates:
-    return "skipped"
-  if record.get("grad_norm", 1.0) == 0.0 and record.get("entropy", math.inf) <= entropy_floor:
-    return "collapsed"
-  return ""
-
-
-_STOP_ADVICE = {
-    "skipped": "every update of the last {n} steps was skipped for a non-finite loss, gradient "
-               "or new state; lower optim.lr or check the reward",
-    "collapsed": "for {n} steps the policy was deterministic (entropy <= {floor}) and the "
-                 "gradient exactly 0, so RL cannot move it; raise the sampling temperature or "
-                 "restart from an earlier checkpoint",
-}
+# Raised by `run` when a run diverged or collapsed; callers catch it as loop.TrainingStopped.
+TrainingStopped = health.TrainingStopped
 
 
 @dataclasses.dataclass
@@ -326,10 +309,10 @@ def run(state, *, rng: jax.Array, total_steps: int, workdir: str,
           evals[str(step)] = _evaluate(evaluate, state.params, beat, f"step {step}: evaluation")
           record.update(evals[str(step)])
         writer.write(step, record, note="includes compilation" if step == first_step else "")
-        trouble = _unhealthy(record, epochs * num_minibatches, entropy_floor)
+        trouble = health.unhealthy(record, epochs * num_minibatches, entropy_floor)
         streak = {k: streak[k] + 1 if k == trouble else 0 for k in streak}
         if trouble and limits[trouble] and streak[trouble] >= limits[trouble]:
-          why = _STOP_ADVICE[trouble].format(n=streak[trouble], floor=entropy_floor)
+          why = health.STOP_ADVICE[trouble].format(n=streak[trouble], floor=entropy_floor)
           where = (f"The last checkpoint is {ckpt.directory}/{last_saved}" if last_saved else
                    "No checkpoint was written.")
           raise TrainingStopped(f"stopped at step {step}: {why}. {where}")
@@ -357,24 +340,6 @@ def _evaluate(evaluate, params, beat, label: str) -> dict[str, float]:
 
 def _prefixed(scalars: Mapping[str, Any]) -> dict[str, float]:
   return {f"eval/{k}": float(v) for k, v in scalars.items()}
-
-
-def _merge(**sources: Mapping[str, float]) -> dict[str, float]:
-  """One flat record from the phases' metrics; a name two phases both log is an error.
-
-  A silent overwrite would make one name mean two things (e.g. a loss logging the in-update
-  KL as `kl` over the score step's KL(pi_old || pi_ref)); give the second quantity its own
-  name instead (`kl_loss`).
-  """
-  record, owner = {}, {}
-  for source, metrics in sources.items():
-    for key, value in metrics.items():
-      if key in owner:
-        raise ValueError(f"metric {key!r} is logged by both the {owner[key]} and the {source} "
-                         "phase; rename one (one name, one meaning: see the README's metrics "
-                         "table)")
-      record[key], owner[key] = value, source
-  return record
 
 
 def _step(state, step, rng, rollout_fn, score_fn, advantage_fn, update_fn, *, epochs,
@@ -417,10 +382,10 @@ def _step(state, step, rng, rollout_fn, score_fn, advantage_fn, update_fn, *, ep
   times = {f"time/{name}": b - a for name, a, b in zip(("rollout", "score", "update"),
                                                         marks, marks[1:])}
   times["time/step"] = marks[-1] - marks[0]
-  record = _merge(rollout=rollout.metrics,
-                  score={k: float(v) for k, v in score_metrics.items()},
-                  advantage={k: float(v) for k, v in adv_metrics.items()},
-                  update=update_metrics, times=times)
+  record = metrics_lib.merge_phases(
+      rollout=rollout.metrics, score={k: float(v) for k, v in score_metrics.items()},
+      advantage={k: float(v) for k, v in adv_metrics.items()}, update=update_metrics,
+      times=times)
   record["rollout/tokens_per_s"] = (rollout.metrics.get("rollout/sampled_tokens", 0.0)
                                     / times["time/rollout"])
   if "rollout/batch_tokens" in rollout.metrics:  # real (non-padding) tokens of the batch

@@ -80,6 +80,24 @@ def _truncate_jsonl(path: str, last_step: int) -> None:
   os.replace(tmp, path)  # atomic: a kill here leaves either the old or the new file
 
 
+def merge_phases(**sources: Mapping[str, float]) -> dict[str, float]:
+  """One flat record from the phases' metrics; a name two phases both log is an error.
+
+  A silent overwrite would make one name mean two things (e.g. a loss logging the in-update
+  KL as `kl` over the score step's KL(pi_old || pi_ref)); give the second quantity its own
+  name instead (`kl_loss`).
+  """
+  record, owner = {}, {}
+  for source, metrics in sources.items():
+    for key, value in metrics.items():
+      if key in owner:
+        raise ValueError(f"metric {key!r} is logged by both the {owner[key]} and the {source} "
+                         "phase; rename one (one name, one meaning: see the README's metrics "
+                         "table)")
+      record[key], owner[key] = value, source
+  return record
+
+
 def progress_line(step: int, total_steps: int, scalars: Mapping[str, Any],
                   note: str = "") -> str:
   """'step 3/150 | reward 0.420 | ... | rollout 0.51s (9,000 tok/s) + score ... = step 0.9s'.
