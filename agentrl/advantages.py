@@ -18,7 +18,7 @@ Formulas and the verl conventions they copy are in docs/algorithms.md §4.2-§4.
   `discounted_turn_returns` (A2TGPO, arXiv 2605.06200), `broadcast_turn_to_tokens`.
 - DAPO (Yu et al. 2025, arXiv 2503.14476): `dapo_overlong_penalty`, `group_has_variance`.
 - `grpo_step`: GRPO's whole advantage step on a `types.Batch`, for the experiments that keep
-  GRPO's estimator.
+  GRPO's estimator; `adv_abs_mean`: the advantage statistic every estimator step logs.
 
 Conventions shared by the group estimators (verl): a group of size 1 has baseline 0 (and std 1
 for `grpo`), and a group whose rewards are all equal gets advantage exactly 0, never NaN.
@@ -326,11 +326,20 @@ def group_has_variance(reward_B: jax.Array, *, group_size: int) -> jax.Array:
   return jnp.broadcast_to(spread_P1, reward_PG.shape).reshape(-1)
 
 
+def adv_abs_mean(adv_BT: jax.Array, loss_mask_BT: jax.Array) -> jax.Array:
+  """Mean |A_t| over the response tokens: the metric `adv_abs_mean` of every estimator step.
+
+  Token-level (as verl's advantage metrics), because that is what the policy loss sees and the
+  one definition that holds for sequence, turn and token advantages alike.
+  """
+  return aggregation.masked_mean(jnp.abs(adv_BT), loss_mask_BT)
+
+
 def grpo_step(group_size: int, *, norm_by_std: bool = True) -> Callable:
   """advantage_fn(batch, extras) -> (batch with adv_BT, metrics): GRPO's outcome advantage.
 
-  `grpo` of `batch.reward_B` on every response token. Metrics: `adv_abs_mean` and
-  `groups_with_signal`, the fraction of rows whose group has any reward spread (the rest get
+  `grpo` of `batch.reward_B` on every response token. Metrics: `adv_abs_mean` (over response
+  tokens) and `groups_with_signal`, the fraction of rows whose group has any reward spread (the rest get
   advantage exactly 0 and teach nothing). Pure; jit it in the experiment.
   """
 
@@ -338,8 +347,9 @@ def grpo_step(group_size: int, *, norm_by_std: bool = True) -> Callable:
     del extras
     adv_B = grpo(batch.reward_B, group_size=group_size, norm_by_std=norm_by_std)
     live_B = group_has_variance(batch.reward_B, group_size=group_size)
-    metrics = {"adv_abs_mean": jnp.abs(adv_B).mean(),
+    adv_BT = broadcast_to_tokens(adv_B, batch.loss_mask_BT)
+    metrics = {"adv_abs_mean": adv_abs_mean(adv_BT, batch.loss_mask_BT),
                "groups_with_signal": live_B.astype(jnp.float32).mean()}
-    return batch.replace(adv_BT=broadcast_to_tokens(adv_B, batch.loss_mask_BT)), metrics
+    return batch.replace(adv_BT=adv_BT), metrics
 
   return advantage_fn

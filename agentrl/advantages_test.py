@@ -406,17 +406,19 @@ class GrpoStepTest(chex.TestCase):
   @chex.variants(with_jit=True, without_jit=True)
   def test_hand_computed(self):
     # Group 1 (rewards 1, 0): +-1/sqrt(2) after the ddof=1 std; group 2 (3, 3): no signal.
-    mask_BT = jnp.array([[0.0, 1.0, 1.0]] * 4)
+    # Row 0 has 3 response tokens, the others 2.
+    mask_BT = jnp.array([[1.0, 1.0, 1.0]] + [[0.0, 1.0, 1.0]] * 3)
     batch = types.Batch(tokens_BT=jnp.zeros((4, 3), jnp.int32),
                         positions_BT=jnp.zeros((4, 3), jnp.int32),
                         input_mask_BT=jnp.ones((4, 3), bool), loss_mask_BT=mask_BT,
                         reward_B=jnp.array([1.0, 0.0, 3.0, 3.0]))
     out, metrics = self.variant(advantages.grpo_step(2))(batch, {})
     a = 0.5 / (np.sqrt(0.5) + 1e-6)
-    np.testing.assert_allclose(out.adv_BT, [[0, a, a], [0, -a, -a], [0, 0, 0], [0, 0, 0]],
+    np.testing.assert_allclose(out.adv_BT, [[a, a, a], [0, -a, -a], [0, 0, 0], [0, 0, 0]],
                                rtol=1e-6)
     np.testing.assert_allclose(metrics["groups_with_signal"], 0.5)
-    np.testing.assert_allclose(metrics["adv_abs_mean"], a / 2, rtol=1e-6)
+    # Over response tokens (5 of 9 carry |A| = a), not over rows (which would give a / 2).
+    np.testing.assert_allclose(metrics["adv_abs_mean"], 5 * a / 9, rtol=1e-6)
     out, _ = self.variant(advantages.grpo_step(2, norm_by_std=False))(batch, {})
     np.testing.assert_allclose(out.adv_BT[:, 1], [0.5, -0.5, 0.0, 0.0])
 

@@ -121,8 +121,10 @@ def make_score_step(graphdef, *, temperature: float, logprob_impl: str = "auto",
   Fills `old_logp_BT` with the learner's own log-probs of the behaviour policy (the ratio's
   denominator) and, with `with_ref`, `ref_logp_BT` from the frozen reference params, which
   stay a separate non-donated argument (docs/style.md C4). Metrics: `logp_mismatch` (mean
-  |learner - sampler| log-prob over policy tokens, ~0 in float32), `entropy`, and with a
-  reference `kl` (token-mean k3 estimate of KL(pi_old || pi_ref) on the sampled tokens).
+  |learner - sampler| log-prob over policy tokens, ~0 in float32), `entropy` (token-mean, of
+  pi_old), and with a reference `kl` (token-mean k3 estimate of KL(pi_old || pi_ref) on the
+  sampled tokens). These names are the score step's in every experiment: a loss's own KL or
+  entropy is `kl_loss` / `entropy_loss` (README, Metrics).
   """
 
   def logprobs(params, batch, return_entropy):

@@ -210,7 +210,8 @@ class Writer:
     Args:
       workdir: output directory (created if missing).
       total_steps: shown as the denominator of the progress line.
-      tensorboard: write TensorBoard event files under `<workdir>/tb`.
+      tensorboard: write TensorBoard event files under `<workdir>/tb`, with the run's
+        `<workdir>/config.json` (when present) as the text summary `config`.
       wandb: keyword arguments for `wandb.init` (e.g. project, name, config); None disables it.
       console: print a progress line per step.
       resume_step: the step restored from a checkpoint; later records are dropped.

@@ -1,9 +1,10 @@
-"""Tests for agentrl.metrics: JSONL, TensorBoard, lazy W&B, console line, tables, plots."""
+"""Tests for agentrl.metrics: JSONL, TensorBoard, lazy W&B, console line, tables."""
 import io
 import json
 import os
 import time
 import shutil
+import struct
 import sys
 import tempfile
 import types as pytypes
@@ -20,6 +21,18 @@ def _tmpdir(test) -> str:
   test.addCleanup(shutil.rmtree, path, ignore_errors=True)
   return path
 
+
+def _events(tb_dir: str):
+  """Every Event in a TensorBoard directory (TFRecord framing: length, crc, data, crc)."""
+  from tensorboardX.proto import event_pb2  # pylint: disable=g-import-not-at-top
+  for name in sorted(os.listdir(tb_dir)):
+    with open(os.path.join(tb_dir, name), "rb") as f:
+      data = f.read()
+    pos = 0
+    while pos < len(data):
+      (length,) = struct.unpack("<Q", data[pos:pos + 8])
+      yield event_pb2.Event.FromString(data[pos + 12:pos + 12 + length])
+      pos += 12 + length + 4
 
 
 class WriterTest(absltest.TestCase):
@@ -48,9 +61,15 @@ class WriterTest(absltest.TestCase):
     w = metrics.Writer(d, total_steps=1, console=False)
     w.write(1, {"reward": 1.0})
     w.close()
-    tb = os.path.join(d, "tb")
-    events = b"".join(open(os.path.join(tb, n), "rb").read() for n in os.listdir(tb))
-    self.assertIn(b'"lr": 0.125', events)  # the text summary stores the JSON verbatim
+    texts = [(e.step, v) for e in _events(os.path.join(d, "tb")) for v in e.summary.value
+             if v.metadata.plugin_data.plugin_name == "text"]
+    self.assertLen(texts, 1)
+    step, value = texts[0]
+    self.assertEqual((step, value.tag), (0, "config/text_summary"))
+    text = value.tensor.string_val[0].decode()
+    self.assertTrue(text.startswith("```json\n") and text.endswith("\n```"), text)
+    self.assertEqual(json.loads(text[len("```json"):-len("```")]),
+                     {"optim": {"lr": 0.125}, "total_steps": 7})
 
   def test_resume_drops_later_records_and_torn_lines(self):
     d = _tmpdir(self)

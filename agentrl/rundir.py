@@ -180,7 +180,7 @@ def write_summary(workdir: str, result: loop.Result, *, name: str, start: float,
     json.dump(summary, f, indent=2)
   os.replace(path + ".tmp", path)
   plots.plot_curves(result.records, os.path.join(workdir, "curves.png"),
-                    title=f"{name}: {os.path.basename(os.path.abspath(workdir))}")
+                    title=f"{name}: {workdir}")
   _print_summary(summary, result.records, workdir)
   unlock(workdir)
   return summary

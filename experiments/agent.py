@@ -130,7 +130,8 @@ def make_advantage_fn(config):
     ret_BU = advantages.discounted_turn_returns(z_BU, mask_BU, gamma=gamma,
                                                 variance_rescale=True)
     adv_BT = advantages.broadcast_turn_to_tokens(ret_BU, batch.turn_BT, batch.loss_mask_BT)
-    metrics = {"info_gain_mean": aggregation.masked_mean(ig_BU, mask_BU)}
+    metrics = {"info_gain_mean": aggregation.masked_mean(ig_BU, mask_BU),
+               "adv_abs_mean": advantages.adv_abs_mean(adv_BT, batch.loss_mask_BT)}
     return batch.replace(adv_BT=adv_BT), metrics
 
   return advantage_fn

@@ -87,8 +87,10 @@ def make_advantage_fn(config):
                                                  buffer_len=lc.overlong_buffer,
                                                  penalty_factor=lc.overlong_penalty)
     adv_B = advantages.grpo(batch.reward_B + shaping_B, group_size=G)
-    metrics = {"overlong_shaping": shaping_B.mean(), "adv_abs_mean": jnp.abs(adv_B).mean()}
-    return batch.replace(adv_BT=advantages.broadcast_to_tokens(adv_B, batch.loss_mask_BT)), metrics
+    adv_BT = advantages.broadcast_to_tokens(adv_B, batch.loss_mask_BT)
+    metrics = {"overlong_shaping": shaping_B.mean(),
+               "adv_abs_mean": advantages.adv_abs_mean(adv_BT, batch.loss_mask_BT)}
+    return batch.replace(adv_BT=adv_BT), metrics
 
   return advantage_fn
 

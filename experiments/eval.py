@@ -18,10 +18,11 @@ every training seed), with as many turns as the run's task allows:
                    "Evaluating Large Language Models Trained on Code", eq. 1), c = # correct.
 
 HF-exported weights: `--config.export_hf=DIR` also writes the evaluated params as a
-transformers-loadable directory (config.json, model.safetensors, the tokenizer), and
-`--config.model_path=DIR` (an HF directory or a .gguf) evaluates those weights instead of a
-checkpoint of run_dir; run_dir still supplies the task and rollout lengths, and its tokenizer
-when DIR has none.
+transformers-loadable directory (config.json, model.safetensors, generation_config.json with our
+stop ids, a tokenizer that encodes exactly as ours, BOS included) and prints what it wrote, and
+`--config.model_path=DIR` (an HF directory or a .gguf) evaluates those weights, in the run's
+dtype, instead of a checkpoint of run_dir; run_dir still supplies the task and rollout lengths,
+and its tokenizer when DIR has none. An export evaluates exactly as its checkpoint.
 
   python -m experiments.eval --config.export_hf=runs/grpo_hf      # checkpoint -> HF dir
   python -m experiments.eval --config.model_path=runs/grpo_hf     # evaluate the HF dir
@@ -134,15 +135,17 @@ def load_params(run_dir: str, step: str, params):
     raise configs.ConfigError(f"config.step={step!r}: {directory} holds no checkpoint")
   wanted = steps[-1] if step in ("latest", "warm_start") else int(step)
   if wanted not in steps:
-    raise configs.ConfigError(f"config.step={step!r}: no checkpoint there; {directory} has "
-                              f"steps {steps}")
+    raise configs.ConfigError(f"config.step={step!r} was not kept: {directory} has steps "
+                              f"{steps}; give one of them, 'latest' or 'warm_start'")
   params = checkpoint.read_subtree(directory, path, params, step=wanted)
   return params, step if step == "warm_start" else str(wanted)
 
 
 def load_hf(path: str, run_tok, run_config, mesh):
   """(tokenizer, graphdef, params) of an HF directory or GGUF, sharded like the run's policy."""
-  cfg, params = hf.load(path)
+  # Computed in the run's dtype (hf.load's default is bfloat16), so an exported checkpoint scores
+  # exactly as the checkpoint itself.
+  cfg, params = hf.load(path, dtype=run_config.model.dtype)
   try:
     tok = tokenizer_lib.load(path)
   except FileNotFoundError:
@@ -213,16 +216,25 @@ def result_name(run_dir: str, step: str) -> str:
 
 
 def export(model_cfg, params, tok, directory: str, step: str) -> None:
-  """Writes an HF directory (weights, config, tokenizer) and says what it wrote."""
+  """Writes an HF directory (weights, config, stop ids, tokenizer) and says what it wrote."""
   hf.save(model_cfg, params, directory)
-  hf_tokenizer.save(tok, directory)
+  tokenizer_files = hf_tokenizer.save(tok, directory)
+  generation = hf_tokenizer.save_generation_config(tok, directory)
   leaves = jax.tree.leaves(params)
+  dtypes = "/".join(sorted({str(x.dtype) for x in leaves}))
   print(f"Exported step {step} to {directory}: {sum(x.size for x in leaves):,} parameters "
-        f"({leaves[0].dtype}); the tokenizer adds BOS to plain text as our prompts do.")
-  for name in sorted(os.listdir(directory)):
-    print(f"  {name:28s} {os.path.getsize(os.path.join(directory, name)):>12,} bytes")
-  print(f"  load: AutoModelForCausalLM.from_pretrained({directory!r}), "
-        f"AutoTokenizer.from_pretrained({directory!r})")
+        f"({dtypes}), {tok.vocab_size} token ids")
+  files = [os.path.join(directory, n) for n in ("config.json", "model.safetensors")]
+  for path in files + [generation] + tokenizer_files:
+    kind = ("tokenizer" if path in tokenizer_files else
+            "generate: stop ids" if path == generation else "model")
+    print(f"  {os.path.basename(path):24s} {os.path.getsize(path):>14,} bytes  ({kind})")
+  if tok.bos_id is not None:  # transformers' default add_special_tokens=True = our plain prompts
+    print(f"  tok(text) prepends BOS {tok.bos_token!r} as our plain-text prompts do; "
+          "apply_chat_template adds none, as ours")
+  print(f"  load: python -c \"from transformers import AutoModelForCausalLM, AutoTokenizer; "
+        f"model = AutoModelForCausalLM.from_pretrained('{directory}'); "
+        f"tok = AutoTokenizer.from_pretrained('{directory}')\"")
 
 
 def main(argv):

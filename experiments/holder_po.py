@@ -76,8 +76,7 @@ def make_update_step(config, graphdef, tx):
                                          p=p, eps_low=lc.eps_low, eps_high=lc.eps_high,
                                          clip_mode=lc.clip_mode)
     valid_B = (mask_BT.sum(-1) > 0).astype(jnp.float32)
-    loss = aggregation.aggregate(loss_B, valid_B, "seq-mean")
-    metrics["holder_p"] = p
+    loss = aggregation.aggregate(loss_B, valid_B, "seq-mean")  # metrics hold p as holder_p
     return loss, metrics | {"loss": loss}
 
   return loop.gradient_step(loss_fn, tx, with_step=True)

@@ -128,7 +128,8 @@ def make_advantage_fn(config):
     adv_BT, ret_BT = advantages.gae(reward_BT, batch.value_BT, mask_BT, gamma=lc.gamma,
                                     lam=lc.lam)
     adv_BT = aggregation.masked_whiten(adv_BT, mask_BT)
-    metrics = {"kl_in_reward": kl_metrics["kl"],
+    metrics = {"kl_in_reward": kl_metrics["kl_in_reward"],
+               "adv_abs_mean": advantages.adv_abs_mean(adv_BT, mask_BT),
                "value_mean": aggregation.masked_mean(batch.value_BT, mask_BT),
                "ret_mean": aggregation.masked_mean(ret_BT, mask_BT)}
     return batch.replace(adv_BT=adv_BT, ret_BT=ret_BT), metrics

@@ -76,8 +76,8 @@ def make_advantage_fn(config):
     reward_BT, metrics = kl.kl_in_reward(batch.reward_B, batch.old_logp_BT, batch.ref_logp_BT,
                                          mask_BT, beta=lc.kl_coef, kind="k1")
     adv_BT = advantages.reinforce_pp(reward_BT, mask_BT, gamma=lc.gamma)
-    metrics = {"kl_in_reward": metrics["kl"],
-               "adv_abs_mean": aggregation.masked_mean(jnp.abs(adv_BT), mask_BT)}
+    metrics = {"kl_in_reward": metrics["kl_in_reward"],
+               "adv_abs_mean": advantages.adv_abs_mean(adv_BT, mask_BT)}
     return batch.replace(adv_BT=adv_BT), metrics
 
   return advantage_fn

@@ -68,8 +68,9 @@ def make_advantage_fn(config):
 
   def advantage_fn(batch: types.Batch, extras):
     adv_B = advantages.remax(batch.reward_B, extras["greedy_reward_B"])
-    return (batch.replace(adv_BT=advantages.broadcast_to_tokens(adv_B, batch.loss_mask_BT)),
-            {"adv_abs_mean": jnp.abs(adv_B).mean()})
+    adv_BT = advantages.broadcast_to_tokens(adv_B, batch.loss_mask_BT)
+    return (batch.replace(adv_BT=adv_BT),
+            {"adv_abs_mean": advantages.adv_abs_mean(adv_BT, batch.loss_mask_BT)})
 
   return advantage_fn
 

@@ -8,6 +8,7 @@ The panels are the ones the run's own curves.png has (agentrl.plots.choose_panel
 --keys picks others. It never overwrites the run's curves.png (the default output is plot.png
 next to the JSONL); compare several runs with scripts/compare_runs.py.
 """
+import json
 import os
 
 from absl import app
@@ -15,6 +16,16 @@ from absl import flags
 
 from agentrl import metrics
 from agentrl import plots
+
+
+def _title(jsonl: str) -> str:
+  """'<method>: <run dir>' as on the run's curves.png (the method once summary.json exists)."""
+  run_dir = os.path.dirname(jsonl) or "."
+  try:
+    with open(os.path.join(run_dir, "summary.json")) as f:
+      return f"{json.load(f)['method']}: {run_dir}"
+  except (OSError, ValueError, KeyError, TypeError):
+    return run_dir  # a run in progress has no summary yet
 
 
 def main(argv):
@@ -32,7 +43,7 @@ def main(argv):
     raise app.UsageError(f"{jsonl} holds no records yet")
   keys = [k.strip() for k in _KEYS.value.split(",") if k.strip()] or None
   try:
-    drawn = plots.plot_curves(records, out, keys, title=_TITLE.value)
+    drawn = plots.plot_curves(records, out, keys, title=_TITLE.value or _title(jsonl))
   except ValueError as e:
     raise app.UsageError(str(e)) from None
   print(f"wrote {out} ({len(records)} records: {', '.join(drawn)})")
@@ -44,5 +55,5 @@ if __name__ == "__main__":
   _OUT = flags.DEFINE_string("out", "", "Output PNG (default: plot.png next to the JSONL).")
   _KEYS = flags.DEFINE_string("keys", "", "Comma-separated metric keys (default: the run's "
                               "curves.png panels).")
-  _TITLE = flags.DEFINE_string("title", "", "Figure title.")
+  _TITLE = flags.DEFINE_string("title", "", "Figure title (default: method and run dir).")
   app.run(main)

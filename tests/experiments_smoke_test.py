@@ -11,6 +11,7 @@ import os
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 
 import atexit  # pylint: disable=g-import-not-at-top,wrong-import-position
+import functools
 import importlib  # pylint: disable=g-import-not-at-top,wrong-import-position
 import json
 import pathlib
@@ -47,22 +48,47 @@ jax.config.update("jax_compilation_cache_dir", _CACHE)
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
 
 
-def documented_metrics() -> tuple[set[str], tuple[str, ...]]:
-  """The metric names in the README's Metrics table: exact names, and `prefix/*` patterns."""
+def documented_metrics() -> tuple[dict[str, set[str]], tuple[str, ...]]:
+  """The README's Metrics table: {exact name: experiments that log it}, `prefix/*` patterns.
+
+  Its last column is "every RL experiment", optionally "but `a`, `b`", or the experiments
+  named in backticks (none named: no shipped experiment logs the key).
+  """
   text = (pathlib.Path(__file__).resolve().parents[1] / "README.md").read_text()
   section = text.split("\n## Metrics\n", 1)[1].split("\n## ", 1)[0]
-  names = set()
+  exact, prefixes = {}, []
   for line in section.splitlines():
-    if line.startswith("| `"):
-      names |= set(re.findall(r"`([^`]+)`", line.split("|")[1]))
-  return ({n for n in names if not n.endswith("*")},
-          tuple(n[:-1] for n in names if n.endswith("*")))
+    if not line.startswith("| `"):
+      continue
+    cells = re.split(r"(?<!\\)\|", line)  # a `\|` inside a cell is not a column break
+    named = set(re.findall(r"`([^`]+)`", cells[3]))
+    every = cells[3].strip().startswith("every RL experiment")
+    for key in re.findall(r"`([^`]+)`", cells[1]):
+      if key.endswith("*"):
+        prefixes.append(key[:-1])
+      else:
+        exact[key] = set(RL_EXPERIMENTS) - named if every else named
+  return exact, tuple(prefixes)
 
 
 def _tmpdir(test) -> str:
   path = tempfile.mkdtemp()
   test.addCleanup(shutil.rmtree, path, ignore_errors=True)
   return path
+
+
+@functools.cache
+def _grpo_smoke_run(seed: int) -> str:
+  """A finished GRPO smoke run's workdir, trained once per process for the tests that only
+  read a run (evaluation, comparison); removed at exit."""
+  root = tempfile.mkdtemp()
+  atexit.register(shutil.rmtree, root, ignore_errors=True)
+  grpo = importlib.import_module("experiments.grpo")
+  config = grpo.get_config("smoke")
+  config.seed = seed
+  workdir = os.path.join(root, f"grpo_seed{seed}")
+  grpo.train(config, workdir)
+  return workdir
 
 
 def _fake_wandb():
@@ -109,11 +135,17 @@ class SmokeTest(parameterized.TestCase):
     self.assertEqual([r["step"] for r in records], list(range(0, config.total_steps + 1)))
     self.assertIn("eval/success", records[0])
     baseline, records = records[0], records[1:]
-    # One name, one meaning: every logged metric is in the README's table.
+    # One name, one meaning: the README's Metrics table lists every metric this run logs, and
+    # its "logged by" column names this experiment exactly for the keys the run logs.
     exact, prefixes = documented_metrics()
     logged = {k for r in records + [baseline] for k in r if k != "step"}
     missing = sorted(k for k in logged if k not in exact and not k.startswith(prefixes))
     self.assertEmpty(missing, f"{name} logs metrics the README's Metrics table lacks")
+    claimed = {k for k, experiments in exact.items() if name in experiments}
+    self.assertEmpty(sorted(claimed - logged),
+                     f"the README's Metrics table says {name} logs these; it does not")
+    self.assertEmpty(sorted(logged & exact.keys() - claimed),
+                     f"{name} logs these; add it to their rows' 'logged by' in the README")
     for key in ("reward", "loss", "grad_norm", "entropy", "skipped", "time/update"):
       self.assertIn(key, records[-1], f"{name} does not log {key}")
     if name == "holder_po":  # p's schedule spans the run's total_steps, read at run time
@@ -148,25 +180,29 @@ class SmokeTest(parameterized.TestCase):
       self.assertBetween(result[key], 0.0, 1.0)
 
   def test_compare_runs_of_two_smoke_runs(self):
-    grpo = importlib.import_module("experiments.grpo")
-    dirs, summaries = [], []
-    for seed in (0, 1):
-      config = grpo.get_config("smoke")
-      config.seed = seed
-      dirs.append(os.path.join(_tmpdir(self), f"seed{seed}"))
-      summaries.append(grpo.train(config, dirs[-1]))
+    dirs = [_grpo_smoke_run(seed) for seed in (0, 1)]
     out = os.path.join(_tmpdir(self), "compare.png")
     text, drawn = compare.compare(dirs, out)
     with open(out, "rb") as f:
       self.assertEqual(f.read(8), b"\x89PNG\r\n\x1a\n")
     self.assertEqual(drawn[0], "eval/success")
     lines = text.splitlines()
-    for seed, summary in enumerate(summaries):
-      row = next(l for l in lines if l.startswith(f"seed{seed} ")).split()
-      self.assertEqual(row[1:5], ["GRPO", "2", f"{summary['success_before']:.1%}",
-                                  f"{summary['success_after']:.1%}"])
+    for seed, workdir in enumerate(dirs):
+      with open(os.path.join(workdir, "summary.json")) as f:
+        summary = json.load(f)
+      evals = [(r["step"], r["eval/success"])
+               for r in metrics.read_jsonl(os.path.join(workdir, metrics.JSONL))
+               if "eval/success" in r]
+      peak = max(evals, key=lambda e: e[1])
+      row = next(l for l in lines if l.startswith(f"grpo_seed{seed} ")).split()
+      self.assertEqual(row[1:7], ["GRPO", str(summary["steps"]),
+                                  f"{summary['success_before']:.1%}",
+                                  f"{summary['success_after']:.1%}", f"{peak[1]:.1%}",
+                                  f"@{peak[0]}"])
+      self.assertEqual(row[8], f"{summary['seconds']['train']:.0f}s")
     self.assertIn("config differences:", text)
-    self.assertTrue(any(l.split()[:3] == ["seed", "0", "1"] for l in lines), text)
+    diff = text.split("config differences:\n", 1)[1].splitlines()[2:]
+    self.assertEqual([l.split()[0] for l in diff], ["seed"])  # only the seed was changed
     # The script prints the same table.
     proc = subprocess.run([sys.executable, "scripts/compare_runs.py", *dirs, f"--out={out}"],
                           cwd=pathlib.Path(__file__).resolve().parents[1], capture_output=True,
@@ -182,10 +218,8 @@ class SmokeTest(parameterized.TestCase):
 
 
   def test_eval_smoke_preset(self):
-    grpo = importlib.import_module("experiments.grpo")
     evaluation = importlib.import_module("experiments.eval")
-    run_dir = _tmpdir(self)
-    grpo.train(grpo.get_config("smoke"), run_dir)
+    run_dir = _grpo_smoke_run(seed=0)  # the smoke preset's own seed
     for step, expected in (("latest", "2"), ("warm_start", "warm_start"), ("1", "1")):
       config = evaluation.get_config("smoke")
       config.run_dir, config.step = run_dir, step
@@ -196,6 +230,11 @@ class SmokeTest(parameterized.TestCase):
         self.assertBetween(result[key], 0.0, 1.0)
       name = f"eval_{os.path.basename(run_dir)}_{expected}.json"  # one file per checkpoint
       self.assertEqual(os.listdir(workdir), [name])
+    config = evaluation.get_config("smoke")
+    config.run_dir, config.step = run_dir, "5"
+    with self.assertRaisesRegex(configs.ConfigError,
+                                r"config\.step='5' was not kept: .* has steps \[1, 2\]"):
+      evaluation.train(config, _tmpdir(self))
     # Checkpoint -> HF directory -> evaluated from that directory: the same numbers.
     export_dir = os.path.join(_tmpdir(self), "hf")
     config = evaluation.get_config("smoke")

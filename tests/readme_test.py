@@ -42,6 +42,25 @@ class ReadmeTest(absltest.TestCase):
     self.assertEqual(files - listed, set(), "experiments missing from the README table")
     self.assertEqual(listed - files, set(), "README table rows without an experiment file")
 
+  def test_metrics_table_is_well_formed(self):
+    # Each smoke run checks its records against this table (experiments_smoke_test); here, the
+    # parts that check cannot see: one row per name, and a "logged by" column that names real
+    # RL experiments in the form that test reads.
+    rows = [line for line in _section("## Metrics").splitlines() if line.startswith("| `")]
+    self.assertGreater(len(rows), 20)  # the table was found
+    rl = {p.stem for p in (ROOT / "experiments").glob("*.py")} - {"__init__", "sft", "eval"}
+    keys = []
+    for row in rows:
+      cells = re.split(r"(?<!\\)\|", row)  # a `\|` inside a cell is not a column break
+      self.assertLen(cells, 5, f"not a 3-column row: {row}")
+      keys += re.findall(r"`([^`]+)`", cells[1])
+      by, named = cells[3].strip(), set(re.findall(r"`([^`]+)`", cells[3]))
+      self.assertContainsSubset(named, rl, f"'logged by' names a non-RL experiment: {row}")
+      self.assertTrue(by.startswith("every RL experiment") or named
+                      or by == "no shipped experiment", f"unreadable 'logged by': {row}")
+    self.assertEqual(sorted(k for k in set(keys) if keys.count(k) > 1), [],
+                     "metrics listed in two rows")
+
   def test_worked_example_runs(self):
     section = _section("### Worked example")
     code = re.search(r"```python\n(.*?)```", section, re.S).group(1)

@@ -111,8 +111,9 @@ def kl_in_reward(score_B: jax.Array, old_logp_BT: jax.Array, ref_logp_BT: jax.Ar
   penalty of the behaviour policy against the reference. Positions with mask 0 get reward 0.
 
   Returns:
-    `[B, T]` rewards and metrics: `kl` (mean over rows of each row's token-mean KL, the value
-    verl feeds to the adaptive controller) and `kl_coef` (beta).
+    `[B, T]` rewards and metrics: `kl_in_reward` (mean over rows of each row's token-mean KL,
+    the value verl feeds to the adaptive controller; not `kl`, which the score step logs as
+    its k3 token mean) and `kl_coef` (beta).
   """
   chex.assert_rank([score_B, mask_BT], [1, 2])
   chex.assert_equal_shape([old_logp_BT, ref_logp_BT, mask_BT])
@@ -120,6 +121,6 @@ def kl_in_reward(score_B: jax.Array, old_logp_BT: jax.Array, ref_logp_BT: jax.Ar
   score_BT = score_B.astype(jnp.float32)[:, None] * _last_token_onehot(mask_BT)
   reward_BT = score_BT - beta * kl_BT
   kl_B = aggregation.masked_mean(kl_BT, mask_BT, axis=-1)
-  metrics = {"kl": jax.lax.stop_gradient(kl_B.mean()),
+  metrics = {"kl_in_reward": jax.lax.stop_gradient(kl_B.mean()),
              "kl_coef": jnp.asarray(beta, jnp.float32)}
   return reward_BT, metrics

@@ -136,7 +136,7 @@ class ControllerAndRewardTest(chex.TestCase):
     # k1 = [[., .5, -1, .], [0, 0, 2, 0]]; the score sits on each row's last policy token.
     np.testing.assert_allclose(reward, [[0.0, -0.05, 1.1, 0.0], [0.0, 0.0, -0.2, 2.0]],
                                rtol=1e-6)
-    np.testing.assert_allclose(metrics["kl"], (-0.25 + 0.5) / 2, rtol=1e-6)
+    np.testing.assert_allclose(metrics["kl_in_reward"], (-0.25 + 0.5) / 2, rtol=1e-6)
     np.testing.assert_allclose(metrics["kl_coef"], 0.1)
 
 

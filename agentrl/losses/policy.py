@@ -23,11 +23,16 @@ Each function takes `logp_BT` (current policy; the only input meant to be differ
   * The rollout/trainer mismatch weight (`ratios.rollout_correction_weight`) is a separate
     detached factor: multiply the returned loss by it before aggregating.
 
-Metrics are flat dicts of f32 scalars with no gradient; a name means the same in every loss:
-  ratio_mean, ratio_max  over valid tokens
-  seq_ratio_mean, _max   (sequence forms) over valid sequences
+Metrics are flat dicts of f32 scalars with no gradient; a name means the same in every loss
+(the README's Metrics table lists what each experiment logs):
+  ratio_mean, ratio_max  the per-token ratio r_t = π/π_old over valid tokens
+  seq_ratio_mean, _max   the loss's sequence ratio (GSPO s_i, GMPO, HölderPO) over valid rows
+  cum_ratio_mean, _max   (ctpo) the cumulative-token ratio ρ_t that CTPO clips, over tokens
   ppo_kl                 masked mean of −ℓ over valid tokens (verl)
-  clipfrac               the token fraction verl logs as pg_clipfrac for that loss
+  clipfrac               valid tokens whose loss term the token-level clip changes: for the
+                         pessimistic PPO-style clips, the clipped term is taken (the token's
+                         ratio gradient is removed), = clipfrac_high + clipfrac_low; CISPO: the
+                         IS weight is truncated; HölderPO "sequence_w_clip": ℓ_t is clamped
   clipfrac_high          A > 0 and the ratio above the upper bound (gradient removed)
   clipfrac_low           A < 0 and the ratio below the lower bound (gradient removed)
   clipfrac_lower         (ppo_clip, ctpo) verl's pg_clipfrac_lower: A < 0 and dual clip active
@@ -124,6 +129,8 @@ def ctpo(logp_BT: jax.Array, old_logp_BT: jax.Array, adv_BT: jax.Array, mask_BT:
   Pitfall: kappa defaults to 0.5 as in ctpo.sh; the reference `ActorConfig` default is 0.0
   (a uniform log-space window), so runs that relied on the dataclass used 0.0.
   With a_c = a_hi, negative-advantage tokens above the window get zero gradient.
+  Metrics: the clip fractions are of ρ_t; `cum_ratio_mean`, `cum_ratio_max` are ρ_t's and
+  `ratio_mean`, `ratio_max` the per-token r_t's, as in every loss.
   """
   valid_BT = _common.check(logp_BT, old_logp_BT, mask_BT)
   if clip_mode not in ("log_adaptive", "standard"):
@@ -149,8 +156,14 @@ def ctpo(logp_BT: jax.Array, old_logp_BT: jax.Array, adv_BT: jax.Array, mask_BT:
     threshold_BT = jnp.full_like(rho_BT, dual_clip)
     high_BT, low_BT = rho_BT > 1.0 + eps_high, rho_BT < 1.0 - eps_low
   log_ratio_BT = ratios.token_log_ratio(logp_BT, old_logp_BT, mask_BT, clamp=_common.CLAMP)
-  return _ppo_terms(rho_BT, clipped_BT, adv_BT, threshold_BT, high_BT, low_BT, valid_BT,
-                    log_ratio_BT)
+  loss_BT, metrics = _ppo_terms(rho_BT, clipped_BT, adv_BT, threshold_BT, high_BT, low_BT,
+                                valid_BT, log_ratio_BT)
+  # `ratio_*` is r_t in every loss, so the ρ_t that CTPO clips is logged under its own name.
+  metrics["cum_ratio_mean"], metrics["cum_ratio_max"] = metrics["ratio_mean"], metrics["ratio_max"]
+  ratio_BT = jnp.exp(log_ratio_BT)
+  metrics.update(ratio_mean=_common.stat_mean(ratio_BT, valid_BT),
+                 ratio_max=_common.stat_max(ratio_BT, valid_BT))
+  return loss_BT, metrics
 
 
 def cispo(logp_BT: jax.Array, old_logp_BT: jax.Array, adv_BT: jax.Array, mask_BT: jax.Array,

@@ -92,8 +92,10 @@ class GoldenTest(chex.TestCase):
     loss, m = self._run(pg.ctpo)  # CTPO-LA defaults, kappa 0.5
     np.testing.assert_allclose(loss, [[-e05, -1.0, -e_hi3], [e05, 0., e_lo2]], rtol=1e-5)
     got = [m[k] for k in ("clipfrac", "clipfrac_high", "clipfrac_low", "clipfrac_lower",
-                          "ratio_mean", "ratio_max")]
-    np.testing.assert_allclose(got, [0.6, 0.4, 0.2, 0.2, 1.3375, 2.0], rtol=1e-5)
+                          "cum_ratio_mean", "cum_ratio_max", "ratio_mean", "ratio_max")]
+    # ρ = (2, 1, 1.5) and (1.25, <masked>, 0.9375); ratio_* stay the per-token r's.
+    np.testing.assert_allclose(got, [0.6, 0.4, 0.2, 0.2, 1.3375, 2.0, RATIO_MEAN, 2.0],
+                               rtol=1e-5)
     loss, _ = self._run(pg.ctpo, geomean=True)
     np.testing.assert_allclose(loss, [[-e05, -1.0, -e_hi3], [e05, 0., 0.96824584]], rtol=1e-5)
     loss, _ = self._run(pg.ctpo, clip_mode="standard")  # cum-token-cumprod, eps 0.2, c = 3

@@ -23,12 +23,14 @@ def entropy_bonus(entropy_BT: jax.Array,
   """Per-token loss -H_t (minimising it raises entropy); 0 where mask is 0.
 
   Multiply by the entropy coefficient and reduce with `aggregation.aggregate` in the same mode
-  as the policy loss. Metrics: `entropy`, the token-mean entropy over unmasked tokens.
+  as the policy loss. Metrics: `entropy_loss`, the token-mean entropy over unmasked tokens of
+  the policy being updated; `entropy` is the score step's (π_old), and one name has one meaning
+  in a step's record (README, Metrics), as `kl_loss` stands apart from `kl`.
   """
   chex.assert_equal_shape([entropy_BT, mask_BT])
   entropy_BT = entropy_BT.astype(jnp.float32)
   loss_BT = jnp.where(mask_BT > 0, -entropy_BT, 0.0)
-  metrics = {"entropy": jax.lax.stop_gradient(aggregation.masked_mean(entropy_BT, mask_BT))}
+  metrics = {"entropy_loss": jax.lax.stop_gradient(aggregation.masked_mean(entropy_BT, mask_BT))}
   return loss_BT, metrics
 
 

@@ -26,7 +26,7 @@ class EntropyBonusTest(chex.TestCase):
         jnp.array([[1.0, 2.0, jnp.nan], [3.0, 0.5, 0.5]]),
         jnp.array([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]]))
     np.testing.assert_array_equal(loss, [[-1.0, -2.0, 0.0], [-3.0, 0.0, 0.0]])
-    np.testing.assert_allclose(metrics["entropy"], 2.0)
+    np.testing.assert_allclose(metrics["entropy_loss"], 2.0)
 
   def test_gradient_is_minus_mask(self):
     mask = jnp.array([[1.0, 0.0, 1.0]])

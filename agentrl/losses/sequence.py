@@ -48,6 +48,8 @@ def gspo_token(logp_BT: jax.Array, old_logp_BT: jax.Array, adv_BT: jax.Array,
   L_t = max(−A_t s, −A_t clip(s, 1 − eps_low, 1 + eps_high)), no dual clip. Defaults are the
   paper's ε (3e-4, 4e-4): these only make sense for the sequence ratio, never reuse 0.2.
   Aggregate with seq-mean-token-mean (verl forces it); with A_t = A_i this equals `gspo`.
+  Metrics: `seq_ratio_*` are of s_i over rows (the value of every s_{i,t} of row i); the clip
+  acts per token, so its fractions are over tokens (`clipfrac*`).
   """
   valid_BT = _common.check(logp_BT, old_logp_BT, mask_BT)
   _common.check_eps(eps_low, eps_high)
@@ -56,10 +58,15 @@ def gspo_token(logp_BT: jax.Array, old_logp_BT: jax.Array, adv_BT: jax.Array,
   loss1_BT = -adv_BT * ratio_BT
   loss2_BT = -adv_BT * jnp.clip(ratio_BT, 1.0 - eps_low, 1.0 + eps_high)
   log_ratio_BT = ratios.token_log_ratio(logp_BT, old_logp_BT, mask_BT, clamp=None)
-  return jnp.where(valid_BT, jnp.maximum(loss1_BT, loss2_BT), 0.0), _common.ratio_metrics(
-      ratio_BT, valid_BT, log_ratio_BT, valid_BT, clipfrac=loss2_BT > loss1_BT,
-      clipfrac_high=(ratio_BT > 1 + eps_high) & (adv_BT > 0),
-      clipfrac_low=(ratio_BT < 1 - eps_low) & (adv_BT < 0))
+  # s_{i,t} has the value s_i on every token: its stats are the sequence ratio's, over rows
+  # (`ratio_*` is the per-token π/π_old in every loss).
+  valid_B = valid_BT.any(-1)
+  metrics = _common.ratio_metrics(ratio_BT.max(-1, where=valid_BT, initial=0.0), valid_B,
+                                  log_ratio_BT, valid_BT, seq=True)
+  metrics.update({k: _common.stat_mean(v, valid_BT) for k, v in dict(
+      clipfrac=loss2_BT > loss1_BT, clipfrac_high=(ratio_BT > 1 + eps_high) & (adv_BT > 0),
+      clipfrac_low=(ratio_BT < 1 - eps_low) & (adv_BT < 0)).items()})
+  return jnp.where(valid_BT, jnp.maximum(loss1_BT, loss2_BT), 0.0), metrics
 
 
 def gspo(logp_BT: jax.Array, old_logp_BT: jax.Array, adv_B: jax.Array, mask_BT: jax.Array, *,
@@ -91,8 +98,11 @@ def gmpo(logp_BT: jax.Array, old_logp_BT: jax.Array, adv_B: jax.Array, mask_BT: 
 
   Each ℓ_t is clipped to [−eps_low, eps_high] in log space and the pessimistic value picked by
   the sign of A_i (min for A > 0, max for A < 0); L_i = −A_i exp((1/|y_i|) Σ_t m ℓ̂_t).
-  Default ε = 0.4 (verl's example script). Aggregate with "seq-mean". `clipfrac` is verl's
-  (ℓ outside the window and A > 0); ratio stats use the unclipped geometric-mean ratio.
+  Default ε = 0.4 (verl's example script). Aggregate with "seq-mean". `clipfrac` counts the
+  tokens whose clipped ℓ̂ is the one selected (= clipfrac_high + clipfrac_low), as for every
+  pessimistic clip here; verl's GMPO logs ℓ outside the window with A > 0 instead, which also
+  counts A > 0 tokens below it, where the clip changes nothing. `seq_ratio_*` are of the
+  unclipped geometric-mean ratio.
   """
   valid_BT = _common.check(logp_BT, old_logp_BT, mask_BT)
   _common.check_eps(eps_low, eps_high)
@@ -106,7 +116,7 @@ def gmpo(logp_BT: jax.Array, old_logp_BT: jax.Array, adv_B: jax.Array, mask_BT: 
   ratio_B = jnp.exp(log_ratio_BT.sum(-1) / length_B)
   metrics = _common.ratio_metrics(ratio_B, valid_B, log_ratio_BT, valid_BT, seq=True)
   metrics.update(
-      clipfrac=_common.stat_mean((log_ratio_BT != clipped_BT) & (adv_BT > 0), valid_BT),
+      clipfrac=_common.stat_mean(selected_BT != log_ratio_BT, valid_BT),
       clipfrac_high=_common.stat_mean((log_ratio_BT > eps_high) & (adv_BT > 0), valid_BT),
       clipfrac_low=_common.stat_mean((log_ratio_BT < -eps_low) & (adv_BT < 0), valid_BT))
   return loss_B, metrics
@@ -162,7 +172,7 @@ def holder_po(logp_BT: jax.Array, old_logp_BT: jax.Array, adv_B: jax.Array, mask
     selected_B = ratios.holder_log_ratio(selected_BT, mask_BT, p=p)
     loss_B = -adv_B * jnp.exp(jnp.minimum(selected_B, _common.LOG_F32_MAX))
     loss_B = jnp.where(valid_B, loss_B, 0.0)
-    fracs = dict(clipfrac=log_ratio_BT != clipped_BT,
+    fracs = dict(clipfrac=selected_BT != log_ratio_BT,  # the clipped ℓ̂ is the one taken
                  clipfrac_high=(log_ratio_BT > hi) & (adv_BT > 0),
                  clipfrac_low=(log_ratio_BT < lo) & (adv_BT < 0))
     fracs = {k: _common.stat_mean(v, valid_BT) for k, v in fracs.items()}

@@ -94,13 +94,18 @@ class GoldenTest(chex.TestCase):
     loss, m = self._run(pg.gspo_token)
     np.testing.assert_allclose(loss, [[-1.0004] * 3, [0.9997, 0., 0.9997]], rtol=1e-6)
     np.testing.assert_allclose(m["clipfrac_high"], 0.6, rtol=1e-6)
+    np.testing.assert_allclose([m["seq_ratio_mean"], m["seq_ratio_max"]],  # s_i, over rows
+                               [(1.14471424 + 0.96824584) / 2, 1.14471424], rtol=1e-5)
+    self.assertNotIn("ratio_mean", m)  # the per-token π/π_old is not what it clips
 
   @chex.variants(with_jit=True, without_jit=True)
   def test_gmpo(self):
     loss, m = self._run(pg.gmpo, adv=ADV_B)
     np.testing.assert_allclose(loss, [-1.03625951, 0.96824584], rtol=1e-5)
+    # Row 0 (A > 0): ℓ = (0.69, -0.69, 0.41) against ±0.4, the clipped ℓ̂ taken at 0.69 and
+    # 0.41 only (at -0.69, min(ℓ, ℓ̂) = ℓ); verl's GMPO figure would count -0.69 too (0.6).
     np.testing.assert_allclose([m["clipfrac"], m["clipfrac_high"], m["clipfrac_low"]],
-                               [0.6, 0.4, 0.0], rtol=1e-6)
+                               [0.4, 0.4, 0.0], rtol=1e-6)
 
   @chex.variants(with_jit=True, without_jit=True)
   def test_holder_po(self):
@@ -108,8 +113,12 @@ class GoldenTest(chex.TestCase):
     np.testing.assert_allclose(loss, [-1.2, 1.0], rtol=1e-5)
     np.testing.assert_allclose([m["seq_clipfrac"], m["seq_clipfrac_high"], m["holder_p"]],
                                [0.5, 0.5, 1.0], rtol=1e-6)
-    loss, _ = self._run(pg.holder_po, adv=ADV_B, p=2.0, clip_mode="token")
+    loss, m = self._run(pg.holder_po, adv=ADV_B, p=2.0, clip_mode="token")
     np.testing.assert_allclose(loss, [-1.0214369, 1.0494046], rtol=1e-5)
+    # Every ℓ is outside [log 0.8, log 1.2], but the clipped ℓ̂ is taken only where the sign
+    # of A makes it the pessimistic one: 2 high (A > 0) + 1 low (A < 0) of 5 tokens.
+    np.testing.assert_allclose([m["clipfrac"], m["clipfrac_high"], m["clipfrac_low"]],
+                               [0.6, 0.4, 0.2], rtol=1e-6)
 
   @chex.variants(with_jit=True, without_jit=True)
   def test_holder_po_sequence_w_clip(self):

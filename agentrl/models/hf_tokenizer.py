@@ -16,6 +16,11 @@ merges, a "bpe" model as BPE with the merges recovered from the vocabulary
 (each piece that is the concatenation of two pieces, ranked by the merged piece's id, as
 transformers' own converter does), with sentencepiece's byte fallback and whitespace escape
 ("▁"). Other sentencepiece settings are refused with an error naming them.
+
+One difference is left, in transformers only: it registers the bos/eos/pad tokens of
+tokenizer_config.json as special, so the literal text "<s>" in a prompt encodes to BOS's id there,
+whereas sentencepiece (and tokenizer.json read by `tokenizers`) spells it out as characters, as
+every transformers conversion of a sentencepiece vocabulary does. No task prompt contains them.
 """
 import json
 import os
@@ -57,7 +62,9 @@ def _from_sentencepiece(sp):
   tok = tokenizers.Tokenizer(models.BPE(vocab, [m for _, m in merges], unk_token=unk,
                                         byte_fallback=spec.byte_fallback, fuse_unk=True))
   tok.normalizer = normalizers.Replace(" ", _SPACE)
-  tok.decoder = decoders.Sequence([decoders.Replace(_SPACE, " "), decoders.ByteFallback(),
+  # sentencepiece decodes <unk> as its unk_surface (" \u2047 " by default), not the piece name.
+  tok.decoder = decoders.Sequence([decoders.Replace(unk, spec.unk_surface),
+                                   decoders.Replace(_SPACE, " "), decoders.ByteFallback(),
                                    decoders.Fuse()])
   user = [p.piece for p in proto.pieces if p.type == pb.ModelProto.SentencePiece.USER_DEFINED]
   # User-defined pieces (e.g. <|im_start|>) match atomically in sentencepiece, like added tokens.
@@ -104,3 +111,19 @@ def save(tok: tokenizer_lib.Tokenizer, directory) -> list[str]:
   with open(config_path, "w") as f:
     json.dump(config, f, indent=2)
   return written + [path, config_path]
+
+
+def save_generation_config(tok: tokenizer_lib.Tokenizer, directory) -> str:
+  """Writes generation_config.json, so transformers' `generate` stops where our rollouts stop.
+
+  Our sampler stops at any end-of-turn id or EOS (`agent_loop`); without this file transformers
+  knows no EOS for a config.json written by `hf.save` and generates past it. Returns the path.
+  """
+  stop = sorted(set(tok.end_of_turn_ids) | ({tok.eos_id} if tok.eos_id is not None else set()))
+  config = {"bos_token_id": tok.bos_id, "eos_token_id": stop, "pad_token_id": tok.pad_id}
+  directory = os.fspath(directory)
+  os.makedirs(directory, exist_ok=True)
+  path = os.path.join(directory, "generation_config.json")
+  with open(path, "w") as f:
+    json.dump(config, f, indent=2)
+  return path

@@ -217,7 +217,7 @@ def _load_sentencepiece(path: str = "", model_proto: bytes | None = None) -> Tok
 
 
 def _load_gguf(path: str) -> Tokenizer:
-  """Byte-level BPE from tokenizer.ggml.{tokens,merges,token_type} (offline_resources §6)."""
+  """Byte-level BPE from tokenizer.ggml.{tokens,merges,token_type} (docs/offline.md §6)."""
   import tokenizers  # pylint: disable=g-import-not-at-top
   # pylint: disable-next=g-import-not-at-top
   from tokenizers import decoders, models, pre_tokenizers
@@ -297,7 +297,7 @@ def save(tok: Tokenizer, directory) -> str:
 def train_sentencepiece(lines: Iterable[str], vocab_size: int, *, model_type: str = "bpe",
                         user_defined_symbols: Sequence[str] = ("<|im_start|>", "<|im_end|>"),
                         path: str | None = None, **trainer_kwargs) -> Tokenizer:
-  """Trains a sentencepiece model in-process (offline_resources §8); ChatML-ready by default.
+  """Trains a sentencepiece model in-process (docs/offline.md §8); ChatML-ready by default.
 
   Ids: pad 0, unk 1, bos 2, eos 3, then `user_defined_symbols`. `vocab_size` is a soft limit
   (a small corpus may yield fewer pieces) and must exceed ~290 (256 byte-fallback pieces plus
