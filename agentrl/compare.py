@@ -11,6 +11,7 @@ import json
 import os
 from typing import Any
 
+from agentrl import configs
 from agentrl import metrics
 from agentrl import plots
 
@@ -38,15 +39,6 @@ def _load_json(path: str) -> dict | None:
   if not isinstance(value, dict):
     raise RunDirError(f"{path}: expected a JSON object, found {type(value).__name__}")
   return value
-
-
-def _flat(tree: Any, prefix: str = "") -> dict[str, Any]:
-  if isinstance(tree, dict):
-    out = {}
-    for key, value in tree.items():
-      out.update(_flat(value, f"{prefix}{key}."))
-    return out
-  return {prefix[:-1]: tree}
 
 
 def _number(value: Any) -> float | None:
@@ -97,7 +89,7 @@ def load_run(run_dir: str) -> dict[str, Any]:
   return {
       "name": os.path.basename(os.path.normpath(run_dir)),
       "records": records,
-      "config": None if config is None else _flat(config),
+      "config": None if config is None else configs.flatten(config),
       "method": (summary or {}).get("method", "?"),
       "steps": max(r["step"] for r in records),
       "finished": summary is not None,

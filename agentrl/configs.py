@@ -106,6 +106,16 @@ def _leaves(tree: Mapping[str, Any], prefix: str = "") -> Iterator[tuple[str, An
       yield path, value
 
 
+def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
+  """{"a.b": leaf} for a nested dict of plain values (e.g. a loaded config.json)."""
+  if isinstance(tree, dict):
+    out = {}
+    for key, value in tree.items():
+      out.update(flatten(value, f"{prefix}{key}."))
+    return out
+  return {prefix[:-1]: tree}
+
+
 def get(config: Mapping[str, Any], path: str) -> Any:
   """config["a"]["b"] for path "a.b"; ConfigError naming the path if it is missing."""
   node = config

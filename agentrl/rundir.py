@@ -86,18 +86,9 @@ def unlock(workdir: str) -> None:
     os.close(fd)  # closing the descriptor drops the flock
 
 
-def _flat(tree: Any, prefix: str = "") -> dict[str, Any]:
-  if isinstance(tree, dict):
-    out = {}
-    for key, value in tree.items():
-      out.update(_flat(value, f"{prefix}{key}."))
-    return out
-  return {prefix[:-1]: tree}
-
-
 def config_changes(old: dict, new: dict) -> list[tuple[str, Any, Any]]:
   """(dotted key, old value, new value) for every leaf that differs; absent is None."""
-  a, b = _flat(json.loads(json.dumps(old))), _flat(json.loads(json.dumps(new)))
+  a, b = configs.flatten(json.loads(json.dumps(old))), configs.flatten(json.loads(json.dumps(new)))
   return [(key, a.get(key), b.get(key)) for key in sorted(set(a) | set(b))
           if a.get(key) != b.get(key)]
 
