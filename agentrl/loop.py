@@ -3,7 +3,7 @@
 
 One step of `run`:
 
-  rollout      host: prompts -> sampler (+ env turns) -> rewards -> `pack` -> device Batch
+  rollout      host: prompts -> rollout engine (+ env turns) -> rewards -> `pack` -> device Batch
   score        jitted, no grad: old_logp (and ref_logp, values) for every token
   advantages   jitted: the experiment's estimator, e.g. `agentrl.advantages.grpo`
   update       epochs x minibatches of the experiment's jitted `update_step(state, batch)`
@@ -88,7 +88,7 @@ def batch_metrics(trajs: Sequence[agent_loop.Trajectory], batch: types.Batch) ->
   return {"rollout/batch_tokens": real, "rollout/pad_frac": 1.0 - real / (B * T)}
 
 
-def env_rollout(sampler, params, tok, make_env: Callable[[], Any], seeds: Sequence[Any], *,
+def env_rollout(engine, params, tok, make_env: Callable[[], Any], seeds: Sequence[Any], *,
                 rng: jax.Array, group_size: int, max_turns: int, max_new_tokens: int,
                 max_len: int, temperature: float, chat_template: bool,
                 greedy_baseline: bool = False, min_len: int = 16, sharding=None,
@@ -99,7 +99,7 @@ def env_rollout(sampler, params, tok, make_env: Callable[[], Any], seeds: Sequen
   `greedy_reward_B` (one greedy rollout per prompt, repeated over its group) for ReMax.
   """
   groups = agent_loop.rollout_groups(
-      sampler, params, tok, make_env, seeds, group_size=group_size,
+      engine, params, tok, make_env, seeds, group_size=group_size,
       greedy_baseline=greedy_baseline, rng=rng, max_turns=max_turns,
       max_new_tokens=max_new_tokens, max_len=max_len, temperature=temperature,
       chat_template=chat_template, **sample_kwargs)

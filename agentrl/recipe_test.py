@@ -7,7 +7,6 @@ from absl.testing import parameterized
 from agentrl import configs
 from agentrl import recipe
 from agentrl import sharding
-from agentrl.rollout import sampler as sampler_lib
 
 
 def _tmpdir(test) -> str:
@@ -101,8 +100,8 @@ class HeldOutTest(absltest.TestCase):
     config = _config(smoke=True)
     mesh = sharding.make_mesh(config.mesh)
     tok, graphdef, params = recipe.build_policy(config, mesh)
-    sampler = sampler_lib.Sampler(graphdef, pad_id=tok.pad_id)
-    rate = recipe.evaluator(config, sampler, tok, recipe.make_task(config.task))(params)
+    engine = recipe.rollout_engine(config, graphdef, tok)
+    rate = recipe.evaluator(config, engine, tok, recipe.make_task(config.task))(params)
     self.assertBetween(rate["success"], 0.0, 1.0)
     # A rate over num_problems greedy episodes: a multiple of 1 / num_problems.
     self.assertAlmostEqual(rate["success"] * config.eval.num_problems % 1, 0.0)

@@ -56,7 +56,6 @@ from agentrl.losses import policy as pg
 from agentrl.models import policy as policy_lib
 from agentrl.rollout import agent_loop
 from agentrl.rollout import pack
-from agentrl.rollout import sampler as sampler_lib
 
 
 def get_config(arg: str | None = None) -> mlc.ConfigDict:
@@ -177,7 +176,7 @@ def make_probe_step(graphdef, *, logprob_impl: str):
   return probe_step
 
 
-def make_rollout_fn(config, sampler, tok, make_env, data, mesh, probe_step):
+def make_rollout_fn(config, engine, tok, make_env, data, mesh, probe_step):
   """Multi-turn groups, packed, plus the per-turn gold-answer log-probs the advantages need."""
   rc, tc, U = config.rollout, config.task, config.task.max_turns
 
@@ -185,7 +184,7 @@ def make_rollout_fn(config, sampler, tok, make_env, data, mesh, probe_step):
     del step
     seeds = [entry["seed"] for entry in data.take(rc.prompts_per_step)]
     groups = agent_loop.rollout_groups(
-        sampler, params, tok, make_env, seeds, group_size=rc.group_size, rng=rng, max_turns=U,
+        engine, params, tok, make_env, seeds, group_size=rc.group_size, rng=rng, max_turns=U,
         max_new_tokens=rc.max_new_tokens, max_len=rc.max_len, temperature=rc.temperature,
         chat_template=tc.chat_template)
     trajs = groups.trajectories
@@ -236,17 +235,17 @@ def train(config: mlc.ConfigDict, workdir: str) -> dict:
   probe_step = jax.jit(make_probe_step(graphdef, logprob_impl=impl))
 
   # ---- Rollout (with the information-gain probes), data and held-out evaluation.
-  sampler = sampler_lib.Sampler(graphdef, pad_id=tok.pad_id)
+  engine = recipe.rollout_engine(config, graphdef, tok)
   data = recipe.prompt_stream(make_env)
 
   # ---- The RL loop.
   with jax.set_mesh(mesh):
     result = loop.run(
         state, rng=jax.random.key(config.seed), total_steps=config.total_steps, workdir=workdir,
-        rollout_fn=make_rollout_fn(config, sampler, tok, make_env, data, mesh, probe_step),
+        rollout_fn=make_rollout_fn(config, engine, tok, make_env, data, mesh, probe_step),
         score_fn=lambda params, batch: score_step(params, ref_params, batch),
         advantage_fn=jax.jit(make_advantage_fn(config)), update_fn=update_step, data=data,
-        evaluate=recipe.evaluator(config, sampler, tok, make_env), **recipe.loop_options(config))
+        evaluate=recipe.evaluator(config, engine, tok, make_env), **recipe.loop_options(config))
   return rundir.write_summary(workdir, result, name="A2TGPO", start=start)
 
 

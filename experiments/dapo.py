@@ -35,7 +35,6 @@ from agentrl.losses import policy as pg
 from agentrl.models import policy as policy_lib
 from agentrl.rollout import agent_loop
 from agentrl.rollout import pack
-from agentrl.rollout import sampler as sampler_lib
 
 
 def get_config(arg: str | None = None) -> mlc.ConfigDict:
@@ -95,7 +94,7 @@ def make_advantage_fn(config):
   return advantage_fn
 
 
-def make_rollout_fn(config, sampler, tok, make_env, data, mesh):
+def make_rollout_fn(config, engine, tok, make_env, data, mesh):
   """Dynamic sampling: rollout_fn(params, rng, step) with only informative groups if it can."""
   rc, G = config.rollout, config.rollout.group_size
 
@@ -105,7 +104,7 @@ def make_rollout_fn(config, sampler, tok, make_env, data, mesh):
     for attempt in range(rc.max_gen_batches):
       seeds = [entry["seed"] for entry in data.take(rc.prompts_per_step)]
       groups = agent_loop.rollout_groups(
-          sampler, params, tok, make_env, seeds, group_size=G, rng=jax.random.fold_in(rng, attempt),
+          engine, params, tok, make_env, seeds, group_size=G, rng=jax.random.fold_in(rng, attempt),
           max_turns=config.task.max_turns, max_new_tokens=rc.max_new_tokens, max_len=rc.max_len,
           temperature=rc.temperature, chat_template=config.task.chat_template)
       sampled += groups.trajectories
@@ -153,17 +152,17 @@ def train(config: mlc.ConfigDict, workdir: str) -> dict:
                         donate_argnames="state", out_shardings=(state_shardings, None))
 
   # ---- Rollout, data and held-out evaluation.
-  sampler = sampler_lib.Sampler(graphdef, pad_id=tok.pad_id)
+  engine = recipe.rollout_engine(config, graphdef, tok)
   data = recipe.prompt_stream(make_env)
 
   # ---- The RL loop.
   with jax.set_mesh(mesh):
     result = loop.run(
         state, rng=jax.random.key(config.seed), total_steps=config.total_steps, workdir=workdir,
-        rollout_fn=make_rollout_fn(config, sampler, tok, make_env, data, mesh),
+        rollout_fn=make_rollout_fn(config, engine, tok, make_env, data, mesh),
         score_fn=lambda params, batch: score_step(params, ref_params, batch),
         advantage_fn=jax.jit(make_advantage_fn(config)), update_fn=update_step, data=data,
-        evaluate=recipe.evaluator(config, sampler, tok, make_env), **recipe.loop_options(config))
+        evaluate=recipe.evaluator(config, engine, tok, make_env), **recipe.loop_options(config))
   return rundir.write_summary(workdir, result, name="DAPO", start=start, sft_info=sft_info)
 
 

@@ -56,8 +56,6 @@ from agentrl.models import hf
 from agentrl.models import hf_tokenizer
 from agentrl.models import tokenizer as tokenizer_lib
 from agentrl.models import transformer
-from agentrl.rollout import agent_loop
-from agentrl.rollout import sampler as sampler_lib
 
 
 def get_config(arg: str | None = None) -> mlc.ConfigDict:
@@ -158,19 +156,19 @@ def load_hf(path: str, run_tok, run_config, mesh):
   return tok, graphdef, sharding.reshard(params, sharding.tree_shardings(params, mesh, rules))
 
 
-def evaluate(config, run_config, sampler, tok, make_env, params) -> dict[str, float]:
+def evaluate(config, run_config, engine, tok, make_env, params) -> dict[str, float]:
   """Greedy success and unbiased pass@k over the held-out problems."""
   rc = run_config.rollout
   seeds = [recipe.EVAL_SEED_BASE + i for i in range(config.num_problems)]
   common = dict(max_turns=run_config.task.get("max_turns", 1),
                 max_new_tokens=rc.max_new_tokens, max_len=rc.max_len,
                 chat_template=run_config.task.chat_template)
-  greedy, _ = agent_loop.run(sampler, params, tok, [make_env() for _ in seeds], seeds,
-                             rng=jax.random.key(config.seed), greedy=True, **common)
+  greedy, _ = engine.run(params, tok, [make_env() for _ in seeds], seeds,
+                         rng=jax.random.key(config.seed), greedy=True, **common)
   rows = [s for s in seeds for _ in range(config.samples)]
-  sampled, _ = agent_loop.run(sampler, params, tok, [make_env() for _ in rows], rows,
-                              rng=jax.random.key(config.seed + 1),
-                              temperature=config.temperature, **common)
+  sampled, _ = engine.run(params, tok, [make_env() for _ in rows], rows,
+                          rng=jax.random.key(config.seed + 1), temperature=config.temperature,
+                          **common)
   correct = np.asarray([loop.trajectory_success(t) for t in sampled]).reshape(
       config.num_problems, config.samples).sum(1)
   result = {"greedy_success": float(np.mean([loop.trajectory_success(t) for t in greedy]))}
@@ -192,10 +190,10 @@ def train(config: mlc.ConfigDict, workdir: str) -> dict:
     params, step = load_params(config.run_dir, config.step, params)
   if config.export_hf:
     export(nnx.merge(graphdef, params).cfg, params, tok, config.export_hf, step)
-  sampler = sampler_lib.Sampler(graphdef, pad_id=tok.pad_id)
+  engine = recipe.rollout_engine(run_config, graphdef, tok)
   result = {"run_dir": config.run_dir, "step": step, "num_problems": config.num_problems,
             "samples": config.samples,
-            **evaluate(config, run_config, sampler, tok, recipe.make_task(run_config.task), params)}
+            **evaluate(config, run_config, engine, tok, recipe.make_task(run_config.task), params)}
   os.makedirs(workdir, exist_ok=True)
   path = os.path.join(workdir, result_name(config.run_dir, step))
   with open(path + ".tmp", "w") as f:

@@ -45,7 +45,6 @@ from agentrl.losses import policy as pg
 from agentrl.losses import value as value_lib
 from agentrl.models import heads
 from agentrl.models import policy as policy_lib
-from agentrl.rollout import sampler as sampler_lib
 
 
 def get_config(arg: str | None = None) -> mlc.ConfigDict:
@@ -183,10 +182,10 @@ def train(config: mlc.ConfigDict, workdir: str) -> dict:
                         donate_argnames="state", out_shardings=(state_shardings, None))
 
   # ---- Rollout, data and held-out evaluation: they read the policy half of the params.
-  sampler = sampler_lib.Sampler(policy_def, pad_id=tok.pad_id)
+  engine = recipe.rollout_engine(config, policy_def, tok)
   data = recipe.prompt_stream(make_env)
-  rollout = recipe.group_rollout_fn(config, sampler, tok, make_env, data, mesh)
-  evaluate = recipe.evaluator(config, sampler, tok, make_env)
+  rollout = recipe.group_rollout_fn(config, engine, tok, make_env, data, mesh)
+  evaluate = recipe.evaluator(config, engine, tok, make_env)
 
   # ---- The RL loop.
   with jax.set_mesh(mesh):

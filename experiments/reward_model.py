@@ -43,7 +43,6 @@ from agentrl.losses import policy as pg
 from agentrl.losses import preference
 from agentrl.models import heads
 from agentrl.models import policy as policy_lib
-from agentrl.rollout import sampler as sampler_lib
 
 RM_SEED_BASE = 3 * 2**30  # preference-pair prompts: disjoint from RL, SFT and held-out seeds
 
@@ -222,10 +221,10 @@ def train(config: mlc.ConfigDict, workdir: str) -> dict:
                         donate_argnames="state", out_shardings=(state_shardings, None))
 
   # ---- Rollout scored by the reward model, data and held-out evaluation.
-  sampler = sampler_lib.Sampler(graphdef, pad_id=tok.pad_id)
+  engine = recipe.rollout_engine(config, graphdef, tok)
   data = recipe.prompt_stream(make_env)
   rollout_fn = reward_model_rollout_fn(
-      recipe.group_rollout_fn(config, sampler, tok, make_env, data, mesh),
+      recipe.group_rollout_fn(config, engine, tok, make_env, data, mesh),
       jax.jit(rm_scorer(rm_graphdef)), rm_params)
 
   # ---- The RL loop.
@@ -235,7 +234,7 @@ def train(config: mlc.ConfigDict, workdir: str) -> dict:
         rollout_fn=rollout_fn,
         score_fn=lambda params, batch: score_step(params, ref_params, batch),
         advantage_fn=jax.jit(make_advantage_fn(config)), update_fn=update_step, data=data,
-        evaluate=recipe.evaluator(config, sampler, tok, make_env), **recipe.loop_options(config))
+        evaluate=recipe.evaluator(config, engine, tok, make_env), **recipe.loop_options(config))
   return rundir.write_summary(workdir, result, name="GRPO on a learned reward", start=start,
                               sft_info=sft_info)
 

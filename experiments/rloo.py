@@ -26,7 +26,6 @@ from agentrl import types
 from agentrl.losses import aggregation
 from agentrl.losses import policy as pg
 from agentrl.models import policy as policy_lib
-from agentrl.rollout import sampler as sampler_lib
 
 
 def get_config(arg: str | None = None) -> mlc.ConfigDict:
@@ -99,17 +98,17 @@ def train(config: mlc.ConfigDict, workdir: str) -> dict:
                         donate_argnames="state", out_shardings=(state_shardings, None))
 
   # ---- Rollout, data and held-out evaluation.
-  sampler = sampler_lib.Sampler(graphdef, pad_id=tok.pad_id)
+  engine = recipe.rollout_engine(config, graphdef, tok)
   data = recipe.prompt_stream(make_env)
 
   # ---- The RL loop.
   with jax.set_mesh(mesh):
     result = loop.run(
         state, rng=jax.random.key(config.seed), total_steps=config.total_steps, workdir=workdir,
-        rollout_fn=recipe.group_rollout_fn(config, sampler, tok, make_env, data, mesh),
+        rollout_fn=recipe.group_rollout_fn(config, engine, tok, make_env, data, mesh),
         score_fn=lambda params, batch: score_step(params, ref_params, batch),
         advantage_fn=jax.jit(make_advantage_fn(config)), update_fn=update_step, data=data,
-        evaluate=recipe.evaluator(config, sampler, tok, make_env), **recipe.loop_options(config))
+        evaluate=recipe.evaluator(config, engine, tok, make_env), **recipe.loop_options(config))
   return rundir.write_summary(workdir, result, name="RLOO", start=start, sft_info=sft_info)
 
 

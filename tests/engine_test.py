@@ -2,10 +2,12 @@
 
 A tiny float32 transformer plays the hidden-rule game (chat template) and the calculator tool
 task (raw text). With greedy decoding the engine's trajectories equal `agent_loop.run`'s token
-for token, whatever the slot count (including runs that compact the cache); its log-probs are
-the trainer's; sampled runs are the same for any slot count and env latency.
+for token (`agent_loop.run_per_turn`), whatever the slot count (including runs that compact the cache); its log-probs are
+the trainer's (also in rows filled by copying a group's shared prefill); sampled runs are the
+same for any slot count and env latency; a hung env times out without stalling the others.
 """
 import random
+import threading
 import time
 from unittest import mock
 
@@ -69,19 +71,19 @@ class EngineTest(parameterized.TestCase):
   def test_greedy_equals_the_per_turn_loop(self, name):
     make, chat = ENVS[name]
     sampler = sampler_lib.Sampler(GRAPHDEF, pad_id=TOK.pad_id)
-    old, old_metrics = agent_loop.run(sampler, PARAMS, TOK, [make() for _ in SEEDS], SEEDS,
-                                      rng=jax.random.key(0), greedy=True, chat_template=chat,
-                                      **KW)
+    old, old_metrics = agent_loop.run_per_turn(
+        sampler, PARAMS, TOK, [make() for _ in SEEDS], SEEDS, rng=jax.random.key(0),
+        greedy=True, chat_template=chat, **KW)
     self.assertGreater(old_metrics["rollout/turns_mean"], 1.0)  # really multi-turn
     for slots in (2, 8):
       compactions = []
-      original = engine_lib._Run._compact_cache  # pylint: disable=protected-access
+      original = engine_lib._compact  # pylint: disable=protected-access
 
-      def spy(run, original=original, compactions=compactions):
-        compactions.append(run.col)
-        return original(run)
+      def spy(cache, live, original=original, compactions=compactions):
+        compactions.append(1)   # traced once per compiled cache size
+        return original(cache, live)
 
-      with mock.patch.object(engine_lib._Run, "_compact_cache", spy):  # pylint: disable=protected-access
+      with mock.patch.object(engine_lib, "_compact", spy):
         new, metrics = _run_engine(name, slots=slots, rng=jax.random.key(0), greedy=True)
       if slots == 2 and name == "hidden_rule":  # long transcripts: the pointer wraps
         self.assertNotEmpty(compactions, "the test should exercise cache compaction")
@@ -91,6 +93,7 @@ class EngineTest(parameterized.TestCase):
         np.testing.assert_array_equal(a.turn, b.turn)
         np.testing.assert_allclose(a.sampler_logp, b.sampler_logp, atol=1e-5)
         self.assertEqual((a.reward, a.done, a.truncated), (b.reward, b.done, b.truncated))
+      self.assertGreater(metrics.pop("rollout/prefill_tokens"), 0)
       self.assertEqual(metrics, old_metrics)
 
   def test_logprobs_are_the_trainers(self):
@@ -112,12 +115,70 @@ class EngineTest(parameterized.TestCase):
     for a, b in zip(reference, other):
       np.testing.assert_array_equal(a.tokens, b.tokens)
 
+  def test_a_group_shares_one_prefill(self):
+    G = 3
+    grouped = [s for s in SEEDS for _ in range(G)]
+    make, _ = ENVS["hidden_rule"]
+    engine = engine_lib.Engine(GRAPHDEF, pad_id=TOK.pad_id, slots=16, chunk=3)
+    trajs, metrics = engine.run(PARAMS, TOK, [make() for _ in grouped], grouped,
+                                rng=jax.random.key(3), max_turns=1, max_new_tokens=8,
+                                max_len=420, chat_template=True)
+    # One prefill per distinct prompt (some seeds of this game share theirs).
+    prompt_tokens = sum(len(p) - 1 for p in {tuple(t.tokens[:t.prompt_len]) for t in trajs})
+    self.assertEqual(metrics["rollout/prefill_tokens"], prompt_tokens)
+    model = nnx.merge(GRAPHDEF, PARAMS)    # rows filled by copy sample the trainer's log-probs
+    for t in trajs:
+      T = len(t.tokens)
+      logp = np.asarray(policy.token_logprobs(
+          model, jnp.asarray(t.tokens)[None], jnp.arange(T)[None], jnp.ones((1, T), bool),
+          temperature=1.0))[0]
+      sampled = t.loss_mask > 0
+      np.testing.assert_allclose(t.sampler_logp[sampled], logp[sampled], atol=1e-5)
+    self.assertFalse(all(np.array_equal(a.tokens, b.tokens)       # each row draws its own
+                         for a, b in zip(trajs[::G], trajs[1::G])))
+
+  def test_top_k_one_is_greedy(self):
+    greedy, _ = _run_engine("calculator", slots=8, rng=jax.random.key(0), greedy=True)
+    top1, _ = _run_engine("calculator", slots=8, rng=jax.random.key(5), top_k=1,
+                          temperature=0.7, logp_mode="truncated")
+    for a, b in zip(greedy, top1):
+      np.testing.assert_array_equal(a.tokens, b.tokens)
+      np.testing.assert_allclose(b.sampler_logp, 0.0, atol=1e-6)  # truncated to one token
+
+  def test_a_hung_env_times_out_and_the_rest_finish(self):
+    make, _ = ENVS["calculator"]
+
+    release = threading.Event()
+    self.addCleanup(release.set)
+
+    class Hung(_Slow):
+      def step(self, action):
+        release.wait()            # hangs until the test ends
+        return self.env.step(action)
+
+    envs = [Hung(make(), random.Random(0)) if i == 1 else make() for i in SEEDS]
+    engine = engine_lib.Engine(GRAPHDEF, pad_id=TOK.pad_id, slots=4, chunk=3,
+                               env_timeout_s=0.5)
+    trajs, metrics = engine.run(PARAMS, TOK, envs, SEEDS, rng=jax.random.key(0),
+                                chat_template=False, **KW)
+    self.assertFalse(release.is_set())   # returned while the hung step still runs
+    self.assertEqual(metrics["env/env_timeouts"], 1.0)
+    hung = trajs[1]
+    self.assertTrue(hung.done)
+    self.assertEqual(hung.turn_rewards, [0.0])
+    self.assertIn("did not answer within 0.5s", hung.infos[0]["error"])
+    self.assertTrue(all(len(t.turn_rewards) >= 1 for t in trajs))
+
   def test_bad_arguments(self):
     with self.assertRaisesRegex(ValueError, "slots, chunk and env_workers >= 1"):
       engine_lib.Engine(GRAPHDEF, pad_id=0, slots=0)
     with self.assertRaisesRegex(ValueError, "one seed per env"):
       _run_engine("hidden_rule", slots=2, envs=[ENVS["hidden_rule"][0]()],
                   rng=jax.random.key(0))
+    with self.assertRaisesRegex(ValueError, "env_timeout_s must be > 0"):
+      engine_lib.Engine(GRAPHDEF, pad_id=0, env_timeout_s=0)
+    with self.assertRaisesRegex(ValueError, "top_p must be in"):
+      _run_engine("hidden_rule", slots=2, rng=jax.random.key(0), top_p=0.0)
 
 
 if __name__ == "__main__":

@@ -1,25 +1,30 @@
-"""Host-side multi-turn rollouts: model turn, env turn, repeat; token-in, token-out.
+"""Multi-turn rollouts, token-in token-out: the trajectory format, the bookkeeping shared by the
+rollout engine (`agentrl.rollout.engine`) and the per-turn reference loop, and group rollouts.
 
-  trajs, metrics = agent_loop.run(sampler, params, tok, envs, seeds, rng=key, max_turns=4,
-                                  max_new_tokens=128, max_len=1024, temperature=1.0)
-  groups = agent_loop.rollout_groups(sampler, params, tok, make_env, seeds, group_size=8,
-                                     greedy_baseline=True, rng=key, ...)
+  engine = engine_lib.Engine(graphdef, pad_id=tok.pad_id)
+  trajs, metrics = agent_loop.run(engine, params, tok, envs, seeds, rng=key, max_turns=4, ...)
+  groups = agent_loop.rollout_groups(engine, params, tok, make_env, seeds, group_size=8,
+                                     greedy_baseline=True, rng=key, max_turns=4, ...)
+  trajs, metrics = agent_loop.run_per_turn(sampler, params, tok, envs, seeds, rng=key, ...)
 
-Each turn, every unfinished row is batched into one `Sampler.generate` call with its whole
-transcript as the prompt (stop ids: the tokenizer's end-of-turn ids and EOS). The sampled ids
-are appended to the transcript exactly as sampled; they are decoded to text only to hand the
-env an action, and that text is never encoded again (docs/architecture.md §2). The env's reply is
-rendered through the chat template (the text that follows an assistant turn: end-of-turn,
-user header, observation, assistant header) and only that text is tokenized; when the model
-already emitted the end-of-turn token, its copy at the start of the rendered text is dropped.
-With `chat_template=False` (tiny from-scratch models, raw-text tasks) the first observation
-is encoded with BOS and later ones are appended as plain text.
+`run_per_turn` is the simple reference the engine is tested against: each turn, every
+unfinished row is batched into one `Sampler.generate` call with its whole transcript as the
+prompt (stop ids: the tokenizer's end-of-turn ids and EOS). Both append the sampled ids to the
+transcript exactly as sampled; they are decoded to text only to hand the env an action, and
+that text is never encoded again (docs/architecture.md §2). The env's reply is rendered
+through the chat template (the text that follows an assistant turn: end-of-turn, user header,
+observation, assistant header) and only that text is tokenized; when the model already
+emitted the end-of-turn token, its copy at the start of the rendered text is dropped. With
+`chat_template=False` (tiny from-scratch models, raw-text tasks) the first observation is
+encoded with BOS and later ones are appended as plain text.
 
 Every env is wrapped in `agentrl.envs.safe.SafeEnv` (unless it already is one), so bad input
 never crashes a rollout (docs/architecture.md §6) and every case is counted in the metrics:
   env/env_errors     reset or step raised. A failed reset leaves the row with the error text
                      as its prompt and no model turn (it keeps the group layout and has real
                      tokens); a failed step ends the row with reward 0 for that turn.
+  env/env_timeouts   reset or step did not answer in time (the engine's env_timeout_s, or an
+                     isolated env's own limit); the row ends as for an error.
   env/empty_actions  the model produced no text (e.g. end-of-turn first). The env gets "" and,
                      by the Env contract (envs/base.py), answers with an error observation and
                      a zero reward; the row goes on if the env does not end it.
@@ -38,6 +43,7 @@ own turn limit) ended the row before the env finished the episode.
 """
 import collections
 import dataclasses
+import warnings
 from typing import Any, Callable, Sequence
 
 import jax
@@ -136,8 +142,8 @@ class _Renderer:
     return ids
 
 
-def _start(row: _Row, seed, render: _Renderer, max_len: int, counts):
-  obs = row.env.reset(seed)                      # SafeEnv: an error observation on failure
+def _apply_reset(row: _Row, obs: str, render: _Renderer, max_len: int, counts):
+  """Appends the first prompt rendered from env.reset's observation, or ends the row."""
   row.append(render.prompt(obs, row.env.system_prompt), turn=-1)
   row.prompt_len = len(row.tokens)
   if row.env.reset_error:
@@ -147,10 +153,10 @@ def _start(row: _Row, seed, render: _Renderer, max_len: int, counts):
     row.finish(truncated=True)
 
 
-def _env_turn(row: _Row, action_ids, stopped: bool, turn: int, *, tok, render: _Renderer,
-              last_turn: bool, max_len: int, counts):
-  """Steps the env with the decoded action, then appends the observation or ends the row."""
-  obs, reward, done, info = row.env.step(tok.decode([int(t) for t in action_ids]))
+def _apply_step(row: _Row, result, stopped: bool, turn: int, *, render: _Renderer,
+                last_turn: bool, max_len: int, counts):
+  """Records env.step's (obs, reward, done, info), then appends the observation or ends the row."""
+  obs, reward, done, info = result
   row.turn_rewards.append(float(reward))
   row.infos.append(info)
   if done:
@@ -166,17 +172,43 @@ def _env_turn(row: _Row, action_ids, stopped: bool, turn: int, *, tok, render: _
       row.append(obs_ids, turn=turn)
 
 
+def env_metrics(safe_envs, before, extra=None) -> dict[str, float]:
+  """env/<counter> summed over the envs since `before` (their counters at the start)."""
+  extra = extra or {}
+  return {f"env/{key}": float(sum(e.counters[key] - b[key] for e, b in zip(safe_envs, before))
+                              + extra.get(key, 0)) for key in safe.COUNTERS}
+
+
 def _turn_key(rng, turn: int):
   # An explicit transfer of the turn index, so rollouts run under jax_transfer_guard="disallow".
   return jax.random.fold_in(rng, jax.device_put(np.uint32(turn)))
 
 
-def run(sampler: sampler_lib.Sampler, params, tok, envs: Sequence[Any], seeds: Sequence[Any], *,
-        rng: jax.Array, max_turns: int, max_new_tokens: int, max_len: int,
-        greedy: bool | Sequence[bool] = False, chat_template: bool = True,
-        system_prompt: str | None = None,
-        **sample_kwargs) -> tuple[list[Trajectory], dict[str, float]]:
-  """Runs env i from reset(seeds[i]) for up to max_turns model turns; returns (trajs, metrics).
+def run(engine, params, tok, envs: Sequence[Any], seeds: Sequence[Any],
+        **kwargs) -> tuple[list[Trajectory], dict[str, float]]:
+  """Runs env i from reset(seeds[i]) for up to max_turns model turns: `engine.run(...)`.
+
+  `engine` is an `agentrl.rollout.engine.Engine`; kwargs are `Engine.run`'s. A `Sampler` in
+  its place (this function's signature before the engine) still runs, through
+  `run_per_turn`, with a DeprecationWarning; that alias goes in the next release.
+  """
+  if isinstance(engine, sampler_lib.Sampler):
+    warnings.warn("agent_loop.run(sampler, ...) is deprecated: pass a rollout engine "
+                  "(agentrl.rollout.engine.Engine(graphdef, pad_id=...)); this call ran the "
+                  "per-turn reference loop.", DeprecationWarning, stacklevel=2)
+    return run_per_turn(engine, params, tok, envs, seeds, **kwargs)
+  return engine.run(params, tok, envs, seeds, **kwargs)
+
+
+def run_per_turn(sampler: sampler_lib.Sampler, params, tok, envs: Sequence[Any],
+                 seeds: Sequence[Any], *, rng: jax.Array, max_turns: int, max_new_tokens: int,
+                 max_len: int, greedy: bool | Sequence[bool] = False, chat_template: bool = True,
+                 system_prompt: str | None = None,
+                 **sample_kwargs) -> tuple[list[Trajectory], dict[str, float]]:
+  """The per-turn reference: env i from reset(seeds[i]) for up to max_turns model turns.
+
+  Returns (trajs, metrics) as `Engine.run` does; its greedy trajectories are the engine's
+  token for token. Each turn re-prefills every row's whole transcript, so use the engine.
 
   Args:
     sampler: a Sampler built for the policy graph; params: the policy's nnx.State.
@@ -202,7 +234,7 @@ def run(sampler: sampler_lib.Sampler, params, tok, envs: Sequence[Any], seeds: S
   counts = collections.Counter(obs_overflow=0, prompt_overflow=0, sampled_tokens=0)
   rows = [_Row(env, g) for env, g in zip(safe_envs, flags)]
   for row, seed in zip(rows, seeds):
-    _start(row, seed, render, max_len, counts)
+    _apply_reset(row, row.env.reset(seed), render, max_len, counts)
   cut_turns = model_turns = 0
   for turn in range(max_turns):
     active = [r for r in rows if not r.finished]
@@ -219,14 +251,13 @@ def run(sampler: sampler_lib.Sampler, params, tok, envs: Sequence[Any], seeds: S
       counts["sampled_tokens"] += n
       cut_turns += not stopped  # hit max_new_tokens or max_len before a stop token
       model_turns += 1
-      _env_turn(row, ids[:-1] if stopped else ids, stopped, turn, tok=tok, render=render,
-                last_turn=turn == max_turns - 1, max_len=max_len, counts=counts)
+      action = tok.decode([int(t) for t in (ids[:-1] if stopped else ids)])
+      _apply_step(row, row.env.step(action), stopped, turn, render=render,
+                  last_turn=turn == max_turns - 1, max_len=max_len, counts=counts)
   trajs = [r.trajectory() for r in rows]
   metrics = {f"rollout/{k}": float(v) for k, v in counts.items()}
   metrics["rollout/turn_cut_frac"] = cut_turns / max(model_turns, 1)
-  for key in safe.COUNTERS:
-    metrics[f"env/{key}"] = float(sum(e.counters[key] - b[key]
-                                       for e, b in zip(safe_envs, before)))
+  metrics.update(env_metrics(safe_envs, before))
   metrics.update(_summary(trajs))
   return trajs, metrics
 
@@ -239,12 +270,13 @@ def _summary(trajs: Sequence[Trajectory]) -> dict[str, float]:
           "rollout/response_tokens_mean": mean([t.loss_mask.sum() for t in trajs])}
 
 
-def rollout_groups(sampler: sampler_lib.Sampler, params, tok, make_env: Callable[[], Any],
-                   seeds: Sequence[Any], *, group_size: int, greedy_baseline: bool = False,
+def rollout_groups(engine, params, tok, make_env: Callable[[], Any], seeds: Sequence[Any], *,
+                   group_size: int, greedy_baseline: bool = False,
                    **run_kwargs) -> GroupRollout:
   """G rollouts per seed, laid out contiguously, plus one greedy rollout per seed on request.
 
-  All P * G (+ P) rows run in the same sampler batches. The greedy rows are returned apart
+  `engine` is an `agentrl.rollout.engine.Engine` (the G rows of a seed share one prefill);
+  run_kwargs go to `Engine.run`. All P * G (+ P) rows run in one engine run. The greedy rows are returned apart
   (`baseline`, one per prompt) so the main batch keeps the [i*G, (i+1)*G) group layout; their
   rewards are the ReMax baseline b_i (docs/algorithms.md §4.11). Summary metrics cover the main
   rows; rollout/baseline_reward_mean the greedy ones.
@@ -259,7 +291,7 @@ def rollout_groups(sampler: sampler_lib.Sampler, params, tok, make_env: Callable
   if greedy_baseline:
     row_seeds, flags = row_seeds + list(seeds), flags + [True] * P
   envs = [make_env() for _ in row_seeds]
-  trajs, metrics = run(sampler, params, tok, envs, row_seeds, greedy=flags, **run_kwargs)
+  trajs, metrics = engine.run(params, tok, envs, row_seeds, greedy=flags, **run_kwargs)
   main = trajs[:P * group_size]
   baseline = trajs[P * group_size:] if greedy_baseline else None
   metrics.update(_summary(main))

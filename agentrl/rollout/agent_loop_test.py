@@ -7,6 +7,7 @@ import numpy as np
 from agentrl.models import transformer
 from agentrl.rollout import agent_loop
 from agentrl.rollout import pack
+from agentrl.rollout import engine as engine_lib
 from agentrl.rollout import sampler as sampler_lib
 
 MAX_LEN = 64
@@ -105,10 +106,10 @@ class AgentLoopTest(absltest.TestCase):
   @classmethod
   def setUpClass(cls):
     super().setUpClass()
-    graphdef, cls.params = nnx.split(
+    cls.graphdef, cls.params = nnx.split(
         transformer.Transformer(transformer.Config.named("tiny"), rngs=nnx.Rngs(0)))
     # One bucket for every call (batch 4, prompt 64, new 16): a single compiled program.
-    cls.sampler = sampler_lib.Sampler(graphdef, pad_id=0, min_batch_bucket=4,
+    cls.sampler = sampler_lib.Sampler(cls.graphdef, pad_id=0, min_batch_bucket=4,
                                       min_prompt_bucket=MAX_LEN)
 
   def _run(self, envs, tok=None, **kw):
@@ -117,7 +118,7 @@ class AgentLoopTest(absltest.TestCase):
     kw = dict(dict(max_turns=3, max_new_tokens=6, max_len=MAX_LEN), **kw)
     if "rng" not in kw:
       kw["rng"] = jax.random.key(0)
-    trajs, metrics = agent_loop.run(spy, self.params, tok, envs, list(range(len(envs))), **kw)
+    trajs, metrics = agent_loop.run_per_turn(spy, self.params, tok, envs, list(range(len(envs))), **kw)
     return trajs, metrics, spy, tok
 
   def test_multi_turn_token_in_token_out(self):
@@ -193,10 +194,24 @@ class AgentLoopTest(absltest.TestCase):
     self.assertLess(len(trajs[0].tokens), MAX_LEN)
     self.assertEqual(trajs[0].turn_rewards, [1.0])
 
+  def test_run_is_the_engine_and_a_sampler_still_runs_with_a_warning(self):
+    engine = engine_lib.Engine(self.graphdef, pad_id=0, slots=4)
+    kw = dict(rng=jax.random.key(0), max_turns=2, max_new_tokens=6, max_len=MAX_LEN,
+              greedy=True, chat_template=False)
+    envs = lambda: [ScriptedEnv(), ScriptedEnv()]
+    via_run, _ = agent_loop.run(engine, self.params, CharTokenizer(), envs(), [1, 2], **kw)
+    direct, _ = engine.run(self.params, CharTokenizer(), envs(), [1, 2], **kw)
+    with self.assertWarnsRegex(DeprecationWarning, "pass a rollout engine"):
+      old, _ = agent_loop.run(self.sampler, self.params, CharTokenizer(), envs(), [1, 2], **kw)
+    for a, b, c in zip(via_run, direct, old):
+      np.testing.assert_array_equal(a.tokens, b.tokens)
+      np.testing.assert_array_equal(a.tokens, c.tokens)
+
   def test_groups_are_contiguous_with_greedy_baseline(self):
     def rollout(seed):
+      engine = engine_lib.Engine(self.graphdef, pad_id=0, slots=4)
       return agent_loop.rollout_groups(
-          self.sampler, self.params, CharTokenizer(), ScriptedEnv, [7, 8], group_size=2,
+          engine, self.params, CharTokenizer(), ScriptedEnv, [7, 8], group_size=2,
           greedy_baseline=True, rng=jax.random.key(seed), max_turns=1, max_new_tokens=6,
           max_len=MAX_LEN)
     a, b = rollout(0), rollout(1)

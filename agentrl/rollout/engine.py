@@ -1,37 +1,44 @@
 # pylint: disable=invalid-name
-"""Multi-turn rollout engine: KV cache kept across turns, continuous batching, concurrent envs.
+"""The rollout engine: KV cache kept across turns, continuous batching, concurrent env steps.
 
-  engine = Engine(graphdef, pad_id=tok.pad_id, slots=8)
+  engine = Engine(graphdef, pad_id=tok.pad_id, slots=64)
   trajs, metrics = engine.run(params, tok, envs, seeds, rng=key, max_turns=8,
                               max_new_tokens=32, max_len=1024, temperature=1.0)
 
-`agent_loop.run` samples every turn with `Sampler.generate`, feeding each unfinished row's whole
-transcript again (quadratic in turns), waiting for the slowest row of the batch, and stepping
-the envs one after another while the device idles. This engine does none of that:
+Every rollout of the library goes through `Engine.run` (single-turn tasks are one-turn
+episodes); `agent_loop.run_per_turn` is the simple per-turn reference it is tested against.
 
-- **Slots and a shared cache.** `slots` rows decode together against one KV cache. Every
+- **Slots and a shared cache.** Up to `slots` rows decode together against one KV cache. Every
   program writes the same columns for all slots (one write pointer), with the attention mask
-  marking a slot's column valid only where that slot had a token; the model's attention is
-  causal by column and masked by validity, so holes cost nothing but space. When the pointer
-  reaches the end, `compact` packs each slot's valid columns to the left (order kept), and the
-  cache doubles only when the compacted transcripts fill more than half of it, so its size
-  follows the transcripts' length.
-- **Prefill only what is new.** A slot's cache holds its transcript up to the last token; a new
-  turn prefills only the tokens appended since (the last sampled token and the observation).
+  marking a slot's column valid only where that slot had a token; attention is causal by
+  column and masked by validity, so holes cost nothing but space. When the pointer reaches the
+  end, `_compact` packs each live slot's valid columns to the left (order kept) and drops the
+  rows of finished episodes; the cache doubles only when the compacted transcripts fill more
+  than half of it, so its size follows the transcripts' length, not max_len.
+- **Prefill only what is new, once per distinct prompt.** A slot's cache holds its transcript
+  up to the last token; a new turn prefills only the tokens appended since (the last sampled
+  token and the observation). Prefill runs on the pending slots only, and new episodes whose
+  first prompts are identical (the G samples of a GRPO group) prefill one row whose keys and
+  values are then copied into the others: prefill work is divided by G.
 - **Continuous batching.** Decoding runs in chunks of `chunk` steps; a slot whose turn ended
   (stop id or budget) leaves the batch at the next chunk boundary and its env step runs on a
   thread pool (`env_workers` in flight) while the others keep decoding; a slot whose
   observation is ready, or a new episode, joins at the next boundary.
+- **Timeouts.** An env reset or step that has not answered after `env_timeout_s` ends its
+  episode as SafeEnv ends one whose env raised `EnvTimeout`: an error result with the env's
+  error_reward, counted in env/env_timeouts. The call's thread is abandoned, never joined.
 - **Reproducible sampling.** Episode e's turn u, step s draws with
   fold_in(fold_in(fold_in(rng, e), u), s): the same rng and seeds give the same trajectories
   whatever the slot count, env latency or completion order. Greedy decoding gives the same
-  tokens as `agent_loop.run`.
+  tokens as `agent_loop.run_per_turn`.
 
 Token bookkeeping, SafeEnv wrapping, metrics and the Trajectory format are `agent_loop`'s.
 """
 import collections
-import concurrent.futures
 import functools
+import queue
+import threading
+import time
 from typing import Any, Sequence
 
 from flax import nnx
@@ -39,28 +46,48 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from agentrl.envs import base
 from agentrl.envs import safe
 from agentrl.models import transformer
 from agentrl.rollout import agent_loop
 from agentrl.rollout import sampler as sampler_lib
 
+# pylint: disable=protected-access
+_GAP_S = 0.002   # an env result gap after which a decode chunk starts without waiting longer
 
-def _prefill(graphdef, params, cache, tokens_BN, pos_BN, mask_BN, reset_B, col):
-  """Writes new tokens of some slots at columns [col, col + N); clears `reset_B` slots first."""
+
+def _take(cache, rows):
+  return transformer.KVCache(jnp.take(cache.k_LBSHK, rows, axis=1),
+                             jnp.take(cache.v_LBSHK, rows, axis=1),
+                             jnp.take(cache.valid_BS, rows, axis=0),
+                             jnp.take(cache.pos_BS, rows, axis=0))
+
+
+def _prefill(graphdef, params, cache, rows_R, reset_R, tokens_RN, pos_RN, mask_RN, dst_D, src_D,
+             col):
+  """Prefills sub-batch rows `rows_R` at columns [col, col + N), then writes sub-row src_D[j]
+  into cache row dst_D[j] (out-of-range dst: dropped). `reset_R` rows start empty."""
   model = nnx.merge(graphdef, params)
-  cache = cache.replace(valid_BS=cache.valid_BS & ~reset_B[:, None])
-  _, cache = model.decode(tokens_BN, pos_BN, mask_BN, cache, col)
-  return cache
+  sub = _take(cache, rows_R)
+  sub = sub.replace(valid_BS=sub.valid_BS & ~reset_R[:, None])
+  _, sub = model.decode(tokens_RN, pos_RN, mask_RN, sub, col)
+  put = lambda x_full, x_sub, axis: x_full.at[(slice(None),) * axis + (dst_D,)].set(
+      jnp.take(x_sub, src_D, axis=axis), mode="drop")
+  return transformer.KVCache(put(cache.k_LBSHK, sub.k_LBSHK, 1), put(cache.v_LBSHK, sub.v_LBSHK, 1),
+                             put(cache.valid_BS, sub.valid_BS, 0), put(cache.pos_BS, sub.pos_BS, 0))
 
 
-def _decode(graphdef, params, cache, col, feed_B, pos_B, active_B, budget_B, keys_B, step0_B,
-            greedy_B, stop_BK, temperature, *, num_steps):
+def _decode(graphdef, params, cache, col, feed_B, pos_B, active_B, budget_B, episode_B, turn_B,
+            step0_B, greedy_B, stop_BK, rng, temperature, top_p, *, num_steps, top_k, use_top_p,
+            logp_mode):
   """Up to num_steps decode steps of the active slots at columns col, col + 1, ..."""
   model = nnx.merge(graphdef, params)
   B = feed_B.shape[0]
-  sample = functools.partial(sampler_lib._sample, greedy_B=greedy_B,  # pylint: disable=protected-access
-                             temperature=temperature, top_p=jnp.float32(1.0), top_k=0,
-                             use_top_p=False, logp_mode="tempered")
+  fold = jax.vmap(jax.random.fold_in)
+  turn_keys_B = jax.vmap(lambda e, u: jax.random.fold_in(jax.random.fold_in(rng, e), u))(
+      episode_B, turn_B)
+  sample = functools.partial(sampler_lib._sample, greedy_B=greedy_B, temperature=temperature,
+                             top_p=top_p, top_k=top_k, use_top_p=use_top_p, logp_mode=logp_mode)
 
   def cond(carry):
     s, _, _, _, _, _, _, done_B = carry
@@ -71,12 +98,11 @@ def _decode(graphdef, params, cache, col, feed_B, pos_B, active_B, budget_B, key
     live_B = ~done_B
     logits_B1V, cache = model.decode(feed_B[:, None], (pos_B + lengths_B)[:, None],
                                      live_B[:, None], cache, col + s)
-    keys = jax.vmap(jax.random.fold_in)(keys_B, step0_B + lengths_B)
-    new_B, new_logp_B = sample(logits_B1V[:, 0], keys)
-    tokens_BK = tokens_BK.at[jnp.arange(B), lengths_B].set(
-        jnp.where(live_B, new_B, tokens_BK[jnp.arange(B), lengths_B]), mode="drop")
-    logp_BK = logp_BK.at[jnp.arange(B), lengths_B].set(
-        jnp.where(live_B, new_logp_B, 0.0), mode="drop")
+    new_B, new_logp_B = sample(logits_B1V[:, 0], fold(turn_keys_B, step0_B + lengths_B))
+    rows = jnp.arange(B)
+    tokens_BK = tokens_BK.at[rows, lengths_B].set(
+        jnp.where(live_B, new_B, tokens_BK[rows, lengths_B]), mode="drop")
+    logp_BK = logp_BK.at[rows, lengths_B].set(jnp.where(live_B, new_logp_B, 0.0), mode="drop")
     stopped_B = stopped_B | (live_B & jnp.any(new_B[:, None] == stop_BK, axis=-1))
     lengths_B = lengths_B + live_B.astype(jnp.int32)
     done_B = done_B | stopped_B | (lengths_B >= budget_B)
@@ -91,14 +117,89 @@ def _decode(graphdef, params, cache, col, feed_B, pos_B, active_B, budget_B, key
   return cache, tokens_BK, logp_BK, lengths_B, stopped_B, steps
 
 
-def _compact(cache):
-  """Moves each slot's valid columns to the left, in order; returns (cache, used columns)."""
-  order_BS = jnp.argsort(~cache.valid_BS, axis=1, stable=True)
+def _compact(cache, live_B):
+  """Drops dead rows and moves each live row's valid columns to the left, in order; returns
+  (cache, columns used)."""
+  valid_BS = cache.valid_BS & live_B[:, None]
+  order_BS = jnp.argsort(~valid_BS, axis=1, stable=True)
   take = lambda x_LBSHK: jnp.take_along_axis(x_LBSHK, order_BS[None, :, :, None, None], axis=2)
-  valid_BS = jnp.take_along_axis(cache.valid_BS, order_BS, axis=1)
+  valid_BS = jnp.take_along_axis(valid_BS, order_BS, axis=1)
   cache = transformer.KVCache(take(cache.k_LBSHK), take(cache.v_LBSHK), valid_BS,
                               jnp.take_along_axis(cache.pos_BS, order_BS, axis=1))
   return cache, jnp.max(jnp.sum(valid_BS, axis=1))
+
+
+class _Call:
+  """One env call (reset or step) for a slot; `started` is set by the worker that runs it."""
+
+  def __init__(self, slot: int, kind: str, fn, arg):
+    self.slot, self.kind, self.fn, self.arg = slot, kind, fn, arg
+    self.started, self.result = None, None
+
+
+class _EnvWorkers:
+  """`n` daemon threads running env calls from a queue; a call that outlives the timeout is
+  abandoned (its thread is replaced, never joined) and its late result is ignored.
+
+  Queues instead of an executor: a single-turn batch makes a thousand sub-millisecond env calls
+  per rollout, where the executor's per-call futures cost more than the calls."""
+
+  def __init__(self, n: int, timeout_s: float | None):
+    self.timeout_s, self.todo, self.done = timeout_s, queue.SimpleQueue(), queue.SimpleQueue()
+    self.in_flight, self.threads = set(), []
+    for _ in range(n):
+      self._spawn()
+
+  def _spawn(self):
+    thread = threading.Thread(target=self._work, daemon=True)
+    thread.start()
+    self.threads.append(thread)
+
+  def _work(self):
+    while (call := self.todo.get()) is not None:
+      call.started = time.monotonic()
+      call.result = call.fn(call.arg)     # SafeEnv's reset/step never raise
+      self.done.put(call)
+
+  def submit(self, call: _Call) -> None:
+    self.in_flight.add(call)
+    self.todo.put(call)
+
+  def busy(self) -> set[int]:
+    return {c.slot for c in self.in_flight}
+
+  def collect(self, block: bool, max_wait_s: float | None = None) -> list[_Call]:
+    """Calls finished (result set) or timed out (result None) since the last collect; with
+    `block`, waits for one (at most max_wait_s, when given)."""
+    wait_s = self._wait_s() if block else None
+    if block and max_wait_s is not None:
+      wait_s = max_wait_s if wait_s is None else min(wait_s, max_wait_s)
+    out = []
+    while True:
+      try:
+        call = self.done.get(block=block and not out, timeout=wait_s)
+      except queue.Empty:
+        break
+      if call in self.in_flight:
+        self.in_flight.discard(call)
+        out.append(call)
+    now = time.monotonic()
+    for call in list(self.in_flight):
+      if self.timeout_s is not None and call.started and now - call.started >= self.timeout_s:
+        self.in_flight.discard(call)   # a late result finds it gone and is dropped
+        out.append(_Call(call.slot, call.kind, None, None))
+        self._spawn()                  # its thread is stuck: keep n working
+    return out
+
+  def _wait_s(self):
+    started = [c.started for c in self.in_flight if c.started]
+    if self.timeout_s is None or not started:
+      return 0.05 if self.in_flight and self.timeout_s is not None else None
+    return max(0.0, min(started) + self.timeout_s - time.monotonic())
+
+  def close(self):
+    for _ in self.threads:
+      self.todo.put(None)
 
 
 class _Slot:
@@ -113,53 +214,88 @@ class _Slot:
     self.budget = 0          # tokens this turn may sample
     self.pending = False     # new tokens to prefill before it can decode
     self.reset = episode is not None   # the cache row still holds a previous episode
+    self.stopped = False     # the last turn ended on a stop id
 
 
 class Engine:
-  """Compiled prefill / decode / compact programs for one model graph, and the host scheduler."""
+  """Compiled prefill / decode / compact programs for one model graph, and the host scheduler.
 
-  def __init__(self, graphdef, *, pad_id: int, slots: int = 8, chunk: int = 16,
-               env_workers: int = 8, cache_dtype=None):
+  Args:
+    graphdef: the policy graph (`nnx.split(model)[0]`); params are given to `run`.
+    pad_id: the tokenizer's pad id.
+    slots: the most rows decoding at once; a run uses min(slots, its rows rounded up to a
+      power of two). Memory: a KV cache of slots x (transcript length) tokens.
+    chunk: decode steps between scheduling points.
+    env_workers: env resets/steps in flight at once.
+    env_timeout_s: seconds an env call may take before its episode ends (None: no limit).
+    cache_dtype: KV cache dtype (default: the model's compute dtype).
+  """
+
+  def __init__(self, graphdef, *, pad_id: int, slots: int = 64, chunk: int = 16,
+               env_workers: int = 8, env_timeout_s: float | None = 300.0, cache_dtype=None):
     if slots < 1 or chunk < 1 or env_workers < 1:
       raise ValueError(f"need slots, chunk and env_workers >= 1; got {slots}, {chunk}, "
                        f"{env_workers}.")
+    if env_timeout_s is not None and not env_timeout_s > 0:
+      raise ValueError(f"env_timeout_s must be > 0 or None, got {env_timeout_s}.")
     self.graphdef, self.pad_id, self.slots, self.chunk = graphdef, int(pad_id), slots, chunk
-    self.env_workers, self.cache_dtype = env_workers, cache_dtype
+    self.env_workers, self.env_timeout_s, self.cache_dtype = env_workers, env_timeout_s, \
+        cache_dtype
     self._prefill = jax.jit(functools.partial(_prefill, graphdef), donate_argnums=(1,))
     self._decode = jax.jit(functools.partial(_decode, graphdef), donate_argnums=(1,),
-                           static_argnames=("num_steps",))
+                           static_argnames=("num_steps", "top_k", "use_top_p", "logp_mode"))
     self._compact = jax.jit(_compact, donate_argnums=(0,))
+    self.chunk_s = 0.02   # wall time of the last decode chunk (how long to wait for envs)
 
   def run(self, params, tok, envs: Sequence[Any], seeds: Sequence[Any], *, rng: jax.Array,
           max_turns: int, max_new_tokens: int, max_len: int,
           greedy: bool | Sequence[bool] = False, chat_template: bool = True,
-          system_prompt: str | None = None, temperature: float = 1.0
+          system_prompt: str | None = None, temperature: float = 1.0, top_k: int = 0,
+          top_p: float = 1.0, logp_mode: str = "tempered"
           ) -> tuple[list[agent_loop.Trajectory], dict[str, float]]:
-    """Runs env i from reset(seeds[i]) for up to max_turns model turns; as `agent_loop.run`."""
+    """Runs env i from reset(seeds[i]) for up to max_turns model turns; returns (trajs, metrics).
+
+    Args:
+      params: the policy's nnx.State.
+      tok: tokenizer (encode, decode, apply_chat_template, end_of_turn_ids, eos_id).
+      envs: Env objects (envs/base.py); each is wrapped in SafeEnv unless it is one already.
+      seeds: one reset seed per env.
+      rng: a PRNG key; episode i's draws depend only on (rng, i) (see the module doc).
+      max_new_tokens: per-turn sampling budget; max_len: budget for the whole transcript.
+      greedy: argmax decoding for all rows or per row.
+      chat_template: render env text through tok.apply_chat_template (else raw text).
+      system_prompt: overrides each env's own `system_prompt` (chat_template only).
+      temperature, top_k, top_p, logp_mode: as `Sampler.generate`.
+    """
     if len(envs) != len(seeds):
       raise ValueError(f"got {len(envs)} envs but {len(seeds)} seeds; pass one seed per env.")
     if max_turns < 1 or max_new_tokens < 1 or max_len < 2:
       raise ValueError(f"need max_turns >= 1, max_new_tokens >= 1, max_len >= 2; got "
                        f"{max_turns}, {max_new_tokens}, {max_len}.")
-    if not temperature > 0:
-      raise ValueError(f"temperature must be > 0, got {temperature}; use greedy=True.")
+    sampler_lib._validate([1], [1], temperature, top_k, top_p, logp_mode)
     flags = [bool(greedy)] * len(envs) if isinstance(greedy, bool) else [bool(g) for g in greedy]
-    render = agent_loop._Renderer(tok, chat_template=chat_template,  # pylint: disable=protected-access
-                                  system_prompt=system_prompt)
+    if len(flags) != len(envs):
+      raise ValueError(f"greedy has {len(flags)} entries but there are {len(envs)} envs.")
+    render = agent_loop._Renderer(tok, chat_template=chat_template, system_prompt=system_prompt)
     safe_envs = [e if isinstance(e, safe.SafeEnv) else safe.SafeEnv(e) for e in envs]
     before = [dict(e.counters) for e in safe_envs]
-    rows = [agent_loop._Row(env, g) for env, g in zip(safe_envs, flags)]  # pylint: disable=protected-access
+    rows = [agent_loop._Row(env, g) for env, g in zip(safe_envs, flags)]
+    sampling = dict(temperature=np.float32(temperature), top_p=np.float32(top_p),
+                    top_k=int(top_k), use_top_p=top_p < 1.0, logp_mode=logp_mode)
     run = _Run(self, params, tok, rows, seeds, render, rng=rng, max_turns=max_turns,
-               max_new_tokens=max_new_tokens, max_len=max_len, temperature=temperature)
-    with concurrent.futures.ThreadPoolExecutor(self.env_workers) as pool:
-      run.loop(pool)
+               max_new_tokens=max_new_tokens, max_len=max_len, sampling=sampling)
+    workers = _EnvWorkers(self.env_workers, self.env_timeout_s)
+    try:
+      run.loop(workers)
+    finally:
+      workers.close()
     trajs = [r.trajectory() for r in rows]
+    timeouts = run.counts.pop("env_timeouts")
     metrics = {f"rollout/{k}": float(v) for k, v in run.counts.items()}
     metrics["rollout/turn_cut_frac"] = run.cut_turns / max(run.model_turns, 1)
-    for key in safe.COUNTERS:
-      metrics[f"env/{key}"] = float(sum(e.counters[key] - b[key]
-                                         for e, b in zip(safe_envs, before)))
-    metrics.update(agent_loop._summary(trajs))  # pylint: disable=protected-access
+    metrics["rollout/prefill_tokens"] = float(run.prefill_tokens)
+    metrics.update(agent_loop.env_metrics(safe_envs, before, {"env_timeouts": timeouts}))
+    metrics.update(agent_loop._summary(trajs))
     return trajs, metrics
 
 
@@ -167,73 +303,90 @@ class _Run:
   """One `Engine.run`: the scheduler's host state and the device cache."""
 
   def __init__(self, engine, params, tok, rows, seeds, render, *, rng, max_turns,
-               max_new_tokens, max_len, temperature):
+               max_new_tokens, max_len, sampling):
     self.e, self.params, self.tok, self.rows, self.seeds = engine, params, tok, rows, seeds
-    self.render, self.max_turns, self.max_new, self.max_len = render, max_turns, max_new_tokens, \
-        max_len
-    self.temperature = np.float32(temperature)
+    self.render, self.max_turns, self.max_new = render, max_turns, max_new_tokens
+    self.max_len, self.rng, self.sampling = max_len, rng, sampling
     cfg = nnx.merge(engine.graphdef, params).cfg
-    # The cache starts small and grows by doubling when compaction cannot make room: every
-    # decode step attends over all `capacity` columns, so it tracks the transcripts' length,
-    # not max_len. Each capacity is one compiled shape of the programs.
-    self.capacity = 256
-    self.cache = transformer.init_cache(cfg, engine.slots, self.capacity,
-                                        dtype=engine.cache_dtype)
+    self.B = min(engine.slots, sampler_lib.bucket(len(rows)))
+    # Every decode step attends over all `capacity` columns, so the cache starts near one
+    # transcript's length and grows by doubling; each capacity is one compiled shape.
+    self.capacity = sampler_lib.bucket(min(max_len, 256) + engine.chunk, 32)
+    self.cache = transformer.init_cache(cfg, self.B, self.capacity, dtype=engine.cache_dtype)
     self.col = 0
-    self.slots = [_Slot() for _ in range(engine.slots)]
+    self.slots = [_Slot() for _ in range(self.B)]
     self.waiting = list(range(len(rows)))[::-1]   # episodes not started, popped in order
-    self.ep_keys = [jax.random.fold_in(rng, e) for e in range(len(rows))]
     stops = sorted({int(t) for t in tok.end_of_turn_ids} | {int(tok.eos_id)})
-    self.stop_BK = np.tile(np.asarray(stops, np.int32), (engine.slots, 1))
-    self.counts = collections.Counter(obs_overflow=0, prompt_overflow=0, sampled_tokens=0)
-    self.cut_turns = self.model_turns = 0
+    self.stop_BK = np.tile(np.asarray(stops, np.int32), (self.B, 1))
+    self.counts = collections.Counter(obs_overflow=0, prompt_overflow=0, sampled_tokens=0,
+                                      env_timeouts=0)
+    self.cut_turns = self.model_turns = self.prefill_tokens = 0
 
-  # ---- host work run on the env pool: one row per call, never shared between calls.
-  def _start(self, e):
-    local = collections.Counter()
-    agent_loop._start(self.rows[e], self.seeds[e], self.render, self.max_len, local)  # pylint: disable=protected-access
-    return local
-
-  def _env_turn(self, e, ids, stopped, turn):
-    local = collections.Counter()
-    agent_loop._env_turn(self.rows[e], ids, stopped, turn, tok=self.tok,  # pylint: disable=protected-access
-                         render=self.render, last_turn=turn == self.max_turns - 1,
-                         max_len=self.max_len, counts=local)
-    return local
-
-  def loop(self, pool) -> None:
-    futures = {}                                    # env future -> slot index
-    while self.waiting or futures or any(s.episode is not None for s in self.slots):
+  def loop(self, workers: _EnvWorkers) -> None:
+    while self.waiting or workers.in_flight or any(s.episode is not None for s in self.slots):
       for i, slot in enumerate(self.slots):         # new episodes take free slots
         if slot.episode is None and self.waiting:
           self.slots[i] = _Slot(self.waiting.pop())
-          futures[pool.submit(self._start, self.slots[i].episode)] = i
-      ready = [i for i, s in enumerate(self.slots)
-               if s.episode is not None and i not in futures.values()]
-      if futures and not ready:                     # nothing to run on the device: wait
-        concurrent.futures.wait(list(futures), return_when=concurrent.futures.FIRST_COMPLETED)
-      for fut in [f for f in futures if f.done()]:
-        i = futures.pop(fut)
-        self.counts.update(fut.result())
-        slot = self.slots[i]
-        if self.rows[slot.episode].finished:
-          slot.episode = None
-        else:
-          slot.pending = True
-      self._prefill_pending(futures)
+          e = self.slots[i].episode
+          workers.submit(_Call(i, "reset", self.rows[e].env.reset, self.seeds[e]))
+      self._collect(workers)
+      busy = workers.busy()
+      self._prefill_pending(busy)
       decoding = [i for i, s in enumerate(self.slots)
-                  if s.episode is not None and not s.pending and i not in futures.values()]
+                  if s.episode is not None and not s.pending and i not in busy]
       if decoding:
-        for i, ids, stopped in self._decode_chunk(decoding):
-          slot = self.slots[i]
-          futures[pool.submit(self._env_turn, slot.episode, ids, stopped, slot.turn)] = i
-          slot.turn += 1
+        for i, action in self._decode_chunk(decoding):
+          workers.submit(_Call(i, "step", self.rows[self.slots[i].episode].env.step, action))
+
+  def _collect(self, workers: _EnvWorkers) -> None:
+    """Applies finished env calls. With no slot ready to decode, waits for one. Otherwise, as
+    a decode chunk costs the same however few slots are active, it keeps collecting while
+    results keep coming (gaps under _GAP_S), for at most one chunk's time."""
+    deadline = time.monotonic() + self.e.chunk_s
+    while workers.in_flight:
+      busy = workers.busy()
+      ready = any(s.episode is not None and i not in busy for i, s in enumerate(self.slots))
+      calls = workers.collect(block=True, max_wait_s=_GAP_S if ready else None)
+      for call in calls:
+        self._apply(self.slots[call.slot], call)
+      if ready and (not calls or time.monotonic() > deadline):
+        return
+
+  def _apply(self, slot, call: _Call) -> None:
+    """Applies an env call's result (None: it timed out) to the slot's row."""
+    row = self.rows[slot.episode]
+    if call.kind == "reset":
+      if call.result is not None:
+        obs = call.result
+      else:
+        self.counts["env_timeouts"] += 1
+        row.env.reset_error = f"the environment did not reset within {self.e.env_timeout_s}s"
+        obs = f"Error: {row.env.reset_error}"
+      agent_loop._apply_reset(row, obs, self.render, self.max_len, self.counts)
+    else:
+      if call.result is not None:
+        result = call.result
+      else:
+        self.counts["env_timeouts"] += 1
+        message = f"the environment did not answer within {self.e.env_timeout_s}s"
+        result = (f"Error: {message}", row.env.error_reward, True,
+                  base.make_info(reward=row.env.error_reward, error=message))
+      stopped, turn = slot.stopped, slot.turn
+      agent_loop._apply_step(row, result, stopped, turn, render=self.render,
+                             last_turn=turn == self.max_turns - 1, max_len=self.max_len,
+                             counts=self.counts)
+      slot.turn += 1
+    if row.finished:
+      slot.episode = None
+    else:
+      slot.pending = True
 
   def _room(self, width: int) -> None:
     """Makes columns [col, col + width) writable: compacts, and grows the cache if it must."""
     if self.col + width <= self.capacity:
       return
-    self.cache, used = self._compact_cache()
+    live = np.asarray([s.episode is not None and not s.reset for s in self.slots])
+    self.cache, used = self.e._compact(self.cache, jax.device_put(live))
     self.col = int(used)
     # Grow when the compacted transcripts fill more than half of the cache, so compactions
     # (a copy of the whole cache) stay rare.
@@ -246,64 +399,72 @@ class _Run:
                                        pad(self.cache.valid_BS, 1), pad(self.cache.pos_BS, 1))
       self.capacity = new_capacity
 
-  def _compact_cache(self):
-    return self.e._compact(self.cache)  # pylint: disable=protected-access
-
-  def _prefill_pending(self, futures) -> None:
+  def _prefill_pending(self, busy) -> None:
     todo = [i for i, s in enumerate(self.slots)
-            if s.episode is not None and s.pending and i not in futures.values()]
+            if s.episode is not None and s.pending and i not in busy]
     if not todo:
       return
     new = {i: self.rows[self.slots[i].episode].tokens[self.slots[i].cached:-1] for i in todo}
-    width = max(len(ids) for ids in new.values())
-    if width:
-      N = sampler_lib.bucket(width, 16)
-      self._room(N)
-      B = self.e.slots
-      tokens = np.full((B, N), self.e.pad_id, np.int32)
-      pos = np.zeros((B, N), np.int32)
-      mask = np.zeros((B, N), bool)
-      reset = np.zeros((B,), bool)
-      for i, ids in new.items():
-        n, start = len(ids), self.slots[i].cached
-        tokens[i, N - n:] = ids
-        pos[i, N - n:] = np.arange(start, start + n)
-        mask[i, N - n:] = True
-        reset[i] = self.slots[i].reset
-      self.cache = self.e._prefill(self.params, self.cache, *jax.device_put(  # pylint: disable=protected-access
-          (tokens, pos, mask, reset, np.int32(self.col))))
-      self.col += N
+    # Rows that prefill; a new episode whose whole first prompt equals one already listed is
+    # filled by copying that row instead (the samples of one group).
+    source, first = {}, {}
+    for i in todo:
+      key = tuple(new[i]) if self.slots[i].reset and new[i] else ("row", i)
+      source[i] = first.setdefault(key, i)
+    prefill_rows = sorted(set(source.values()))
+    width = max(len(new[i]) for i in prefill_rows)
+    N, R = sampler_lib.bucket(width, 16), sampler_lib.bucket(len(prefill_rows))
+    self._room(N)
+    tokens = np.full((R, N), self.e.pad_id, np.int32)
+    pos, mask = np.zeros((R, N), np.int32), np.zeros((R, N), bool)
+    rows, reset = np.full((R,), prefill_rows[0], np.int32), np.zeros((R,), bool)
+    for r, i in enumerate(prefill_rows):
+      n, start = len(new[i]), self.slots[i].cached
+      if n:
+        tokens[r, N - n:], pos[r, N - n:] = new[i], np.arange(start, start + n)
+        mask[r, N - n:] = True
+      rows[r], reset[r] = i, self.slots[i].reset
+    dst, src = np.full((self.B,), self.B, np.int32), np.zeros((self.B,), np.int32)
+    sub_index = {i: r for r, i in enumerate(prefill_rows)}
+    for j, i in enumerate(todo):
+      dst[j], src[j] = i, sub_index[source[i]]
+    self.cache = self.e._prefill(self.params, self.cache, *jax.device_put(
+        (rows, reset, tokens, pos, mask, dst, src, np.int32(self.col))))
+    self.col += N
+    self.prefill_tokens += sum(len(new[i]) for i in prefill_rows)
     for i in todo:
       slot, row = self.slots[i], self.rows[self.slots[i].episode]
-      if slot.reset and not new[i]:   # nothing written: the stale row must still be cleared
-        self.cache = self.cache.replace(
-            valid_BS=self.cache.valid_BS.at[i].set(False))
       slot.cached, slot.pending, slot.reset = len(row.tokens) - 1, False, False
       slot.turn_start = len(row.tokens)
       slot.budget = min(self.max_new, self.max_len - len(row.tokens))
 
   def _decode_chunk(self, decoding):
-    """Decodes the slots for up to `chunk` steps; returns (slot, action ids, stopped) per
-    slot whose turn ended."""
-    B, K = self.e.slots, self.e.chunk
+    """Decodes the slots for up to `chunk` steps; returns (slot, action text) per slot whose
+    turn ended."""
+    B, K = self.B, self.e.chunk
     self._room(K)
     feed, pos = np.zeros((B,), np.int32), np.zeros((B,), np.int32)
     active, budget = np.zeros((B,), bool), np.zeros((B,), np.int32)
+    episode, turn = np.zeros((B,), np.int32), np.zeros((B,), np.int32)
     step0, greedy = np.zeros((B,), np.int32), np.zeros((B,), bool)
-    keys = [jax.random.key(0)] * B
     for i in decoding:
       slot, row = self.slots[i], self.rows[self.slots[i].episode]
       done = len(row.tokens) - slot.turn_start
       feed[i], pos[i], active[i] = row.tokens[-1], len(row.tokens) - 1, True
       budget[i], step0[i], greedy[i] = slot.budget - done, done, row.greedy
-      keys[i] = jax.random.fold_in(self.ep_keys[slot.episode], slot.turn)
-    inputs = jax.device_put((np.int32(self.col), feed, pos, active, budget))
-    self.cache, tokens, logp, lengths, stopped, steps = self.e._decode(  # pylint: disable=protected-access
-        self.params, self.cache, *inputs, jnp.stack(keys), *jax.device_put(
-            (step0, greedy, self.stop_BK, self.temperature)), num_steps=K)
+      episode[i], turn[i] = slot.episode, slot.turn
+    sampling = dict(self.sampling)
+    floats = (sampling.pop("temperature"), sampling.pop("top_p"))
+    start = time.monotonic()
+    inputs = jax.device_put((np.int32(self.col), feed, pos, active, budget, episode, turn, step0,
+                             greedy, self.stop_BK))
+    self.cache, tokens, logp, lengths, stopped, steps = self.e._decode(
+        self.params, self.cache, *inputs, self.rng, *jax.device_put(floats), num_steps=K,
+        **sampling)
     tokens, logp, lengths, stopped, steps = jax.device_get(
         (tokens, logp, lengths, stopped, steps))
     self.col += int(steps)
+    self.e.chunk_s = time.monotonic() - start
     ended = []
     for i in decoding:
       slot, row = self.slots[i], self.rows[self.slots[i].episode]
@@ -311,10 +472,10 @@ class _Run:
       row.append(tokens[i, :n], turn=slot.turn, logp=logp[i, :n])
       slot.cached += n
       self.counts["sampled_tokens"] += n
-      sampled = len(row.tokens) - slot.turn_start
-      if stopped[i] or sampled >= slot.budget:
+      if stopped[i] or len(row.tokens) - slot.turn_start >= slot.budget:
         self.model_turns += 1
         self.cut_turns += not stopped[i]
         ids = row.tokens[slot.turn_start:]
-        ended.append((i, ids[:-1] if stopped[i] else ids, bool(stopped[i])))
+        slot.stopped = bool(stopped[i])
+        ended.append((i, self.tok.decode([int(t) for t in (ids[:-1] if stopped[i] else ids)])))
     return ended
