@@ -8,7 +8,7 @@ configurable per-step latency, played for `--turns` model turns of up to `--new_
 (no stop token is forced, so every turn samples its budget unless the model stops). Both
 implementations run the same episodes from the same params at temperature 1; the engine runs
 with `--slots` decode slots and `--env_workers` concurrent env steps. Each configuration runs
-three times and the third (compiled) run is timed.
+`--warmups` + 1 times and the last (compiled) run is timed.
 
 A GRPO-shaped case follows: `--grpo_prompts` prompts of `--grpo_prompt_tokens` tokens, G = 8
 samples each, one turn; the loop prefills every row, the engine each distinct prompt once.
@@ -28,9 +28,11 @@ from absl import flags
 from flax import nnx
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from agentrl import metrics
 from agentrl.models import hf
+from agentrl.models import policy
 from agentrl.models import tokenizer as tokenizer_lib
 from agentrl.models import transformer
 from agentrl.rollout import agent_loop
@@ -48,6 +50,7 @@ _WORKERS = flags.DEFINE_integer("env_workers", 16, "Engine concurrent env steps.
 _CHUNK = flags.DEFINE_integer("chunk", 32, "Engine decode steps per program call.")
 _GRPO_PROMPTS = flags.DEFINE_integer("grpo_prompts", 2, "Prompts in the GRPO-shaped case.")
 _GRPO_TOKENS = flags.DEFINE_integer("grpo_prompt_tokens", 256, "Tokens per GRPO prompt.")
+_WARMUPS = flags.DEFINE_integer("warmups", 2, "Untimed runs before the timed one.")
 _GROUP = 8
 
 
@@ -83,21 +86,36 @@ def _policy():
     graphdef, params = nnx.split(transformer.Transformer(cfg, rngs=nnx.Rngs(0)))
     return tok, graphdef, params
   path = hf.smollm2_path()
-  cfg, params = hf.load(path)
+  cfg, params = hf.load(path, dtype="float32", param_dtype="float32")
   graphdef = nnx.split(nnx.eval_shape(lambda: transformer.Transformer(cfg, rngs=nnx.Rngs(0))))[0]
   return tokenizer_lib.load(path), graphdef, params
 
 
 def _measure(fn, episodes_n):
-  fn()                                    # compile (completion order varies between runs,
-  fn()                                    # so the engine may meet a new shape on the second)
+  for _ in range(_WARMUPS.value):         # compile (completion order varies between runs,
+    fn()                                  # so the engine may meet a new shape on the second)
   start = time.perf_counter()
   trajs, m = fn()
   seconds = time.perf_counter() - start
-  return {"seconds": seconds, "episodes/s": episodes_n / seconds,
+  return {"trajs": trajs, "seconds": seconds, "episodes/s": episodes_n / seconds,
           "tokens/s": m["rollout/sampled_tokens"] / seconds,
           "turns": m["rollout/turns_mean"], "len": sum(len(t.tokens) for t in trajs) / len(trajs),
           "prefill": m.get("rollout/prefill_tokens", 0.0), "sampled": m["rollout/sampled_tokens"]}
+
+
+def _logp_gap(graphdef, params, trajs):
+  """(max, mean) |engine log-prob - trainer log-prob| over the sampled tokens of `trajs`."""
+  T = max(len(t.tokens) for t in trajs)
+  score = jax.jit(lambda p, ids: policy.token_logprobs(
+      nnx.merge(graphdef, p), ids, jnp.arange(T)[None], temperature=1.0))
+  gaps = []
+  for t in trajs:
+    ids = np.zeros((1, T), np.int32)
+    ids[0, :len(t.tokens)] = t.tokens
+    logp = np.asarray(score(params, ids))[0, :len(t.tokens)]
+    gaps.append(np.abs(logp - t.sampler_logp)[t.loss_mask > 0])
+  gaps = np.concatenate(gaps)
+  return float(gaps.max()), float(gaps.mean()), len(gaps)
 
 
 def _grpo_case(tok, sampler, engine, params):
@@ -175,6 +193,7 @@ def main(argv):
                                            rng=jax.random.key(0), **kw), n)
     eng = _measure(lambda: engine.run(params, tok, envs(), seeds, rng=jax.random.key(0), **kw), n)
     speed[latency_ms] = eng["episodes/s"] / loop["episodes/s"]
+    engine_trajs = eng["trajs"]
     for name, r in (("per-turn loop", loop), (f"engine ({_SLOTS.value} slots)", eng)):
       rows.append([name, f"{latency_ms} ms", f"{r['seconds']:.1f}", f"{r['episodes/s']:.2f}",
                    f"{r['tokens/s']:.0f}", f"{r['turns']:.1f}", f"{r['len']:.0f}"])
@@ -182,6 +201,9 @@ def main(argv):
         f"observations of {_OBS.value} words")
   print(metrics.format_table(["rollout", "env latency", "s", "episodes/s", "sampled tok/s",
                               "turns", "tokens/episode"], rows))
+  gap_max, gap_mean, gap_n = _logp_gap(graphdef, params, engine_trajs)
+  print(f"engine vs trainer log-probs over {gap_n} sampled tokens: max |diff| {gap_max:.2e}, "
+        f"mean {gap_mean:.2e}")
   _grpo_case(tok, sampler, engine, params)
   stream_gbs, mb, roof_ms, matmul_ms, decode_ms = _decode_roofline(graphdef, params)
   print("decode step, batch 8, float32:")
@@ -192,7 +214,7 @@ def main(argv):
         f"{stream_gbs:.1f}", "100%"],
        ["the weights' matmuls alone", f"{matmul_ms:.1f}", f"{mb / matmul_ms:.1f}",
         f"{roof_ms / matmul_ms:.0%}"],
-       ["decode step (attention, norms, logits)", f"{decode_ms:.1f}", f"{mb / decode_ms:.1f}",
+       ["model decode step (attention, norms, logits)", f"{decode_ms:.1f}", f"{mb / decode_ms:.1f}",
         f"{roof_ms / decode_ms:.0%}"]]))
   print(f"speedup {speed[0]:.2f}x at 0 ms, {speed[_LATENCY.value]:.2f}x at "
         f"{_LATENCY.value} ms")

@@ -1,9 +1,9 @@
 """The rollout engine against the per-turn loop it replaces, on real multi-turn envs.
 
 A tiny float32 transformer plays the hidden-rule game (chat template) and the calculator tool
-task (raw text). With greedy decoding the engine's trajectories equal `agent_loop.run`'s token
-for token (`agent_loop.run_per_turn`), whatever the slot count (including runs that compact the cache); its log-probs are
-the trainer's (also in rows filled by copying a group's shared prefill); sampled runs are the
+task (raw text). With greedy decoding the engine's trajectories equal the per-turn reference's
+(`agent_loop.run_per_turn`) token for token, whatever the slot count (including runs that
+compact the cache); its log-probs are the trainer's (also in rows filled by copying a group's shared prefill); sampled runs are the
 same for any slot count and env latency; a hung env times out without stalling the others.
 """
 import random

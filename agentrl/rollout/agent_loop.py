@@ -276,10 +276,10 @@ def rollout_groups(engine, params, tok, make_env: Callable[[], Any], seeds: Sequ
   """G rollouts per seed, laid out contiguously, plus one greedy rollout per seed on request.
 
   `engine` is an `agentrl.rollout.engine.Engine` (the G rows of a seed share one prefill);
-  run_kwargs go to `Engine.run`. All P * G (+ P) rows run in one engine run. The greedy rows are returned apart
-  (`baseline`, one per prompt) so the main batch keeps the [i*G, (i+1)*G) group layout; their
-  rewards are the ReMax baseline b_i (docs/algorithms.md §4.11). Summary metrics cover the main
-  rows; rollout/baseline_reward_mean the greedy ones.
+  run_kwargs go to `Engine.run`. All P * G (+ P) rows run in one engine run. The greedy rows
+  are returned apart (`baseline`, one per prompt) so the main batch keeps the [i*G, (i+1)*G)
+  group layout; their rewards are the ReMax baseline b_i (docs/algorithms.md §4.11). Summary
+  metrics cover the main rows; rollout/baseline_reward_mean the greedy ones.
   """
   if group_size < 1:
     raise ValueError(f"group_size must be >= 1, got {group_size}.")

@@ -118,7 +118,8 @@ class AgentLoopTest(absltest.TestCase):
     kw = dict(dict(max_turns=3, max_new_tokens=6, max_len=MAX_LEN), **kw)
     if "rng" not in kw:
       kw["rng"] = jax.random.key(0)
-    trajs, metrics = agent_loop.run_per_turn(spy, self.params, tok, envs, list(range(len(envs))), **kw)
+    trajs, metrics = agent_loop.run_per_turn(spy, self.params, tok, envs,
+                                             list(range(len(envs))), **kw)
     return trajs, metrics, spy, tok
 
   def test_multi_turn_token_in_token_out(self):

@@ -36,8 +36,6 @@ Token bookkeeping, SafeEnv wrapping, metrics and the Trajectory format are `agen
 """
 import collections
 import functools
-import queue
-import threading
 import time
 from typing import Any, Sequence
 
@@ -50,6 +48,7 @@ from agentrl.envs import base
 from agentrl.envs import safe
 from agentrl.models import transformer
 from agentrl.rollout import agent_loop
+from agentrl.rollout import env_workers as workers_lib
 from agentrl.rollout import sampler as sampler_lib
 
 # pylint: disable=protected-access
@@ -127,79 +126,6 @@ def _compact(cache, live_B):
   cache = transformer.KVCache(take(cache.k_LBSHK), take(cache.v_LBSHK), valid_BS,
                               jnp.take_along_axis(cache.pos_BS, order_BS, axis=1))
   return cache, jnp.max(jnp.sum(valid_BS, axis=1))
-
-
-class _Call:
-  """One env call (reset or step) for a slot; `started` is set by the worker that runs it."""
-
-  def __init__(self, slot: int, kind: str, fn, arg):
-    self.slot, self.kind, self.fn, self.arg = slot, kind, fn, arg
-    self.started, self.result = None, None
-
-
-class _EnvWorkers:
-  """`n` daemon threads running env calls from a queue; a call that outlives the timeout is
-  abandoned (its thread is replaced, never joined) and its late result is ignored.
-
-  Queues instead of an executor: a single-turn batch makes a thousand sub-millisecond env calls
-  per rollout, where the executor's per-call futures cost more than the calls."""
-
-  def __init__(self, n: int, timeout_s: float | None):
-    self.timeout_s, self.todo, self.done = timeout_s, queue.SimpleQueue(), queue.SimpleQueue()
-    self.in_flight, self.threads = set(), []
-    for _ in range(n):
-      self._spawn()
-
-  def _spawn(self):
-    thread = threading.Thread(target=self._work, daemon=True)
-    thread.start()
-    self.threads.append(thread)
-
-  def _work(self):
-    while (call := self.todo.get()) is not None:
-      call.started = time.monotonic()
-      call.result = call.fn(call.arg)     # SafeEnv's reset/step never raise
-      self.done.put(call)
-
-  def submit(self, call: _Call) -> None:
-    self.in_flight.add(call)
-    self.todo.put(call)
-
-  def busy(self) -> set[int]:
-    return {c.slot for c in self.in_flight}
-
-  def collect(self, block: bool, max_wait_s: float | None = None) -> list[_Call]:
-    """Calls finished (result set) or timed out (result None) since the last collect; with
-    `block`, waits for one (at most max_wait_s, when given)."""
-    wait_s = self._wait_s() if block else None
-    if block and max_wait_s is not None:
-      wait_s = max_wait_s if wait_s is None else min(wait_s, max_wait_s)
-    out = []
-    while True:
-      try:
-        call = self.done.get(block=block and not out, timeout=wait_s)
-      except queue.Empty:
-        break
-      if call in self.in_flight:
-        self.in_flight.discard(call)
-        out.append(call)
-    now = time.monotonic()
-    for call in list(self.in_flight):
-      if self.timeout_s is not None and call.started and now - call.started >= self.timeout_s:
-        self.in_flight.discard(call)   # a late result finds it gone and is dropped
-        out.append(_Call(call.slot, call.kind, None, None))
-        self._spawn()                  # its thread is stuck: keep n working
-    return out
-
-  def _wait_s(self):
-    started = [c.started for c in self.in_flight if c.started]
-    if self.timeout_s is None or not started:
-      return 0.05 if self.in_flight and self.timeout_s is not None else None
-    return max(0.0, min(started) + self.timeout_s - time.monotonic())
-
-  def close(self):
-    for _ in self.threads:
-      self.todo.put(None)
 
 
 class _Slot:
@@ -284,7 +210,7 @@ class Engine:
                     top_k=int(top_k), use_top_p=top_p < 1.0, logp_mode=logp_mode)
     run = _Run(self, params, tok, rows, seeds, render, rng=rng, max_turns=max_turns,
                max_new_tokens=max_new_tokens, max_len=max_len, sampling=sampling)
-    workers = _EnvWorkers(self.env_workers, self.env_timeout_s)
+    workers = workers_lib.EnvWorkers(self.env_workers, self.env_timeout_s)
     try:
       run.loop(workers)
     finally:
@@ -322,13 +248,13 @@ class _Run:
                                       env_timeouts=0)
     self.cut_turns = self.model_turns = self.prefill_tokens = 0
 
-  def loop(self, workers: _EnvWorkers) -> None:
+  def loop(self, workers: workers_lib.EnvWorkers) -> None:
     while self.waiting or workers.in_flight or any(s.episode is not None for s in self.slots):
       for i, slot in enumerate(self.slots):         # new episodes take free slots
         if slot.episode is None and self.waiting:
           self.slots[i] = _Slot(self.waiting.pop())
           e = self.slots[i].episode
-          workers.submit(_Call(i, "reset", self.rows[e].env.reset, self.seeds[e]))
+          workers.submit(workers_lib.Call(i, "reset", self.rows[e].env.reset, self.seeds[e]))
       self._collect(workers)
       busy = workers.busy()
       self._prefill_pending(busy)
@@ -336,9 +262,10 @@ class _Run:
                   if s.episode is not None and not s.pending and i not in busy]
       if decoding:
         for i, action in self._decode_chunk(decoding):
-          workers.submit(_Call(i, "step", self.rows[self.slots[i].episode].env.step, action))
+          env = self.rows[self.slots[i].episode].env
+          workers.submit(workers_lib.Call(i, "step", env.step, action))
 
-  def _collect(self, workers: _EnvWorkers) -> None:
+  def _collect(self, workers: workers_lib.EnvWorkers) -> None:
     """Applies finished env calls. With no slot ready to decode, waits for one. Otherwise, as
     a decode chunk costs the same however few slots are active, it keeps collecting while
     results keep coming (gaps under _GAP_S), for at most one chunk's time."""
@@ -352,7 +279,7 @@ class _Run:
       if ready and (not calls or time.monotonic() > deadline):
         return
 
-  def _apply(self, slot, call: _Call) -> None:
+  def _apply(self, slot, call: workers_lib.Call) -> None:
     """Applies an env call's result (None: it timed out) to the slot's row."""
     row = self.rows[slot.episode]
     if call.kind == "reset":
