@@ -21,8 +21,10 @@ INSTALL_REQUIRES = [
 HF = ["safetensors", "gguf", "tokenizers", "sentencepiece", "jinja2"]
 # textworld[pddl] + alfworld: ALFWorld-style household problems, generated locally (the
 # fast-downward planner builds from source, ~1-2 min on 2 cores).
+# rank-bm25 (pure Python + numpy) indexes envs.search's corpus; bm25s would import jax and run
+# an op at import time, which env worker processes must not do.
 ENVS = ["reasoning-gym", "math-verify", "textworld[pddl]", "alfworld", "tensorflow-datasets",
-        "importlib_resources"]
+        "importlib_resources", "rank-bm25"]
 TEST = ["pytest", "pytest-xdist"] + HF + ENVS
 
 setuptools.setup(

@@ -1,0 +1,396 @@
+"""Multi-turn tool use with gold tool-call traces, for turn-level call-matching rewards.
+
+Each `reset(seed)` draws a small fictional world (towns, towers, rivers whose facts no model
+knows) and a task that needs 1 to 3 tool calls in sequence, later calls using earlier results.
+The tools (every argument is required):
+
+  lookup(entity: string, attribute: string)    a fact: towns have population and founded,
+                                               towers height (m) and opened, rivers length (km)
+  convert_units(value: number, from_unit: string, to_unit: string)   length, mass or time
+  calculator(expression: string)               `calculator.evaluate` (parsed, never `eval`ed)
+  add_days(date: string, days: integer)        the ISO date (YYYY-MM-DD) `days` later
+  weekday(date: string)                        the weekday of an ISO date, e.g. "Tuesday"
+
+A call is written in the Hermes/Qwen format that MatchTIR trains with (Qu et al. 2026, arXiv
+2601.10712; quchangle1/MatchTIR Code/utils/parse_output.py `parse_qwen`):
+
+  <tool_call>{"name": "weekday", "arguments": {"date": "2031-05-17"}}</tool_call>
+
+and is answered with `<tool_response>{"result": ...}</tool_response>` (plus "unit" for measures);
+`<answer>...</answer>` ends the episode.
+
+Gold traces. After reset, `env.gold_calls` (and every step's info["gold_calls"]) is the list of
+calls that solves the task, each {"name": str, "arguments": dict}, in order. It is computed by
+running the tools, so playing it and answering with the last result scores 1.0 (tested over many
+seeds). Every step's info["call"] is the call the model made that turn, parsed as `parse_qwen`
+does ({"name", "arguments"}; `arguments` may be an object or a JSON string holding one; a
+missing `arguments` is {}), even when the env then rejects it (unknown tool, bad arguments:
+MatchTIR scores such calls too), or None when the turn has no parseable call. That is what a
+trainer needs for MatchTIR's turn-level reward (tool_similarity + bipartite assignment of the
+episode's predicted calls to the gold trace, Code/verl/utils/reward_score/tool.py; MatchTIR's
+gold data names the argument dict "parameters", here "arguments").
+
+Rewards: 1.0 for the right answer, 0.0 for a wrong one (the episode ends either way; numeric
+answers are compared as numbers, others case-insensitively), `format_penalty` (<= 0) for a turn
+with neither a call nor an answer, 0.0 for a call. One call per turn: the first
+<tool_call>...</tool_call> pair [INF] (MatchTIR runs every call of a turn); an <answer> pair
+wins over any call, as a turn with an answer is scored as the answer turn in MatchTIR's
+compute_process_KM. Only the last `extract.MAX_TEXT_CHARS` characters of an action are read;
+a call's JSON is parsed only when it is at most `MAX_CALL_CHARS` characters with at most
+`MAX_BRACKETS` brackets [INF], so no action can make parsing slow or deep.
+"""
+import copy
+import dataclasses
+import datetime
+import fractions
+import json
+import random
+import re
+
+from agentrl.envs import base
+from agentrl.envs import calculator
+from agentrl.envs import fictional
+from agentrl.rewards import extract
+from agentrl.rewards import verifiers
+
+MAX_CALL_CHARS = 2000
+MAX_BRACKETS = 16
+MAX_STRING_CHARS = 200
+MAX_NUMBER = 10**12
+MAX_DAYS = 100_000
+TASKS = ("weekday", "convert", "scale", "difference", "anniversary")
+WEEKDAYS = ("Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday")
+# Unit -> (dimension, size in the dimension's base unit).
+UNITS = {"km": ("length", 1000), "m": ("length", 1), "cm": ("length", fractions.Fraction(1, 100)),
+         "mm": ("length", fractions.Fraction(1, 1000)), "t": ("mass", 1000), "kg": ("mass", 1),
+         "g": ("mass", fractions.Fraction(1, 1000)), "h": ("time", 3600), "min": ("time", 60),
+         "s": ("time", 1)}
+UNITS_OF = {"height": "m", "length": "km"}  # the unit `lookup` reports a measure in
+# name -> (description, {argument: JSON type}); the system prompt is rendered from this table.
+TOOLS = {
+    "lookup": ("a fact about an entity: towns have population and founded, towers have height "
+               "and opened, rivers have length", {"entity": "string", "attribute": "string"}),
+    "convert_units": (f"converts between units ({', '.join(UNITS)})",
+                      {"value": "number", "from_unit": "string", "to_unit": "string"}),
+    "calculator": ("evaluates numbers with + - * / // % ** and parentheses",
+                   {"expression": "string"}),
+    "add_days": ("the date (YYYY-MM-DD) a number of days after a date",
+                 {"date": "string", "days": "integer"}),
+    "weekday": ("the day of the week of a date (YYYY-MM-DD)", {"date": "string"}),
+}
+SYSTEM_PROMPT = (
+    "You can call these tools:\n"
+    + "\n".join(f"- {name}({', '.join(f'{a}: {t}' for a, t in args.items())}): {doc}"
+                for name, (doc, args) in TOOLS.items())
+    + "\nTo call a tool, write <tool_call>{\"name\": ..., \"arguments\": {...}}</tool_call> "
+    "(one call per turn) and stop; the result comes back as <tool_response>...</tool_response>. "
+    "Facts about the towns, towers and rivers are known only through the tools. When you know "
+    "the final answer, write <answer>answer</answer>.")
+
+
+class ToolError(ValueError):
+  """A call the env rejects; the message is shown to the model."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+  prompt: str
+  answer: str
+  gold_calls: tuple   # ({"name": str, "arguments": dict}, ...)
+  facts: dict         # entity -> {attribute: value}; measures in UNITS_OF units
+
+
+def _date(rng: random.Random, first_year: int, last_year: int) -> str:
+  start = datetime.date(first_year, 1, 1).toordinal()
+  return datetime.date.fromordinal(
+      rng.randint(start, datetime.date(last_year, 12, 31).toordinal())).isoformat()
+
+
+def make_world(rng: random.Random) -> dict:
+  """entity -> {attribute: value}: three towns, two towers and two rivers with fresh names."""
+  words = fictional.names(rng, 7)
+  facts = {}
+  for word in words[:3]:
+    facts[word] = {"population": rng.randint(1_000, 900_000),
+                   "founded": _date(rng, 1600, 1950)}
+  for word in words[3:5]:
+    facts[f"{word} Tower"] = {"height": rng.randint(40, 900), "opened": _date(rng, 1850, 2020)}
+  for word in words[5:]:
+    facts[f"{word} River"] = {"length": rng.randint(30, 3000)}
+  return facts
+
+
+# Tools: (facts, validated arguments) -> result dict; ToolError for a call they cannot answer.
+
+
+def _key(text: str) -> str:
+  return " ".join(text.split()).casefold()
+
+
+def _lookup(facts: dict, args: dict) -> dict:
+  entities = {_key(name): name for name in facts}
+  name = entities.get(_key(args["entity"]))
+  if name is None:
+    raise ToolError(f"unknown entity {args['entity'][:40]!r}")
+  attribute = _key(args["attribute"])
+  if attribute not in facts[name]:
+    raise ToolError(f"{name} has no attribute {args['attribute'][:40]!r}; it has "
+                    f"{', '.join(sorted(facts[name]))}")
+  result = {"result": facts[name][attribute]}
+  if attribute in UNITS_OF:
+    result["unit"] = UNITS_OF[attribute]
+  return result
+
+
+def _number(value: fractions.Fraction) -> int | float:
+  return int(value) if value.denominator == 1 else float(value)
+
+
+def _convert_units(facts: dict, args: dict) -> dict:
+  del facts
+  units = [args["from_unit"].strip(), args["to_unit"].strip()]
+  for unit in units:
+    if unit not in UNITS:
+      raise ToolError(f"unknown unit {unit[:20]!r}; use one of {', '.join(UNITS)}")
+  (dim_from, size_from), (dim_to, size_to) = UNITS[units[0]], UNITS[units[1]]
+  if dim_from != dim_to:
+    raise ToolError(f"cannot convert {dim_from} ({units[0]}) to {dim_to} ({units[1]})")
+  return {"result": _number(fractions.Fraction(args["value"]) * size_from / size_to),
+          "unit": units[1]}
+
+
+def _calculator(facts: dict, args: dict) -> dict:
+  del facts
+  try:
+    return {"result": calculator.evaluate(args["expression"])}
+  except calculator.CalcError as e:
+    raise ToolError(str(e)) from e
+
+
+def _parse_date(text: str) -> datetime.date:
+  text = text.strip()
+  if not re.fullmatch(r"\d{4}-\d{2}-\d{2}", text):
+    raise ToolError(f"date must be YYYY-MM-DD, got {text[:40]!r}")
+  try:
+    return datetime.date.fromisoformat(text)
+  except ValueError as e:
+    raise ToolError(f"invalid date {text!r}") from e
+
+
+def _add_days(facts: dict, args: dict) -> dict:
+  del facts
+  if abs(args["days"]) > MAX_DAYS:
+    raise ToolError(f"days must be within +-{MAX_DAYS}")
+  try:
+    return {"result": (_parse_date(args["date"]) + datetime.timedelta(args["days"])).isoformat()}
+  except OverflowError as e:
+    raise ToolError("date out of range") from e
+
+
+def _weekday(facts: dict, args: dict) -> dict:
+  del facts
+  return {"result": WEEKDAYS[_parse_date(args["date"]).weekday()]}
+
+
+_IMPLS = {"lookup": _lookup, "convert_units": _convert_units, "calculator": _calculator,
+          "add_days": _add_days, "weekday": _weekday}
+
+
+def _check_argument(name: str, value, kind: str):
+  if kind == "string":
+    if not isinstance(value, str):
+      raise ToolError(f"argument {name!r} must be a string")
+    if len(value) > MAX_STRING_CHARS:
+      raise ToolError(f"argument {name!r} is longer than {MAX_STRING_CHARS} characters")
+    return
+  if kind == "integer" and (isinstance(value, bool) or not isinstance(value, int)):
+    raise ToolError(f"argument {name!r} must be an integer")
+  if isinstance(value, bool) or not isinstance(value, (int, float)):
+    raise ToolError(f"argument {name!r} must be a number")
+  if not abs(value) <= MAX_NUMBER:  # also False for NaN; no float() of a huge int
+    raise ToolError(f"argument {name!r} must be a finite number of magnitude <= {MAX_NUMBER}")
+
+
+def run_tool(facts: dict, call: dict) -> dict:
+  """The result dict of a parsed call {"name", "arguments"}; ToolError if it is not valid."""
+  if call["name"] not in TOOLS:
+    raise ToolError(f"unknown tool {call['name'][:40]!r}; the tools are {', '.join(TOOLS)}")
+  schema, args = TOOLS[call["name"]][1], call["arguments"]
+  unexpected = sorted(set(args) - set(schema))
+  missing = [a for a in schema if a not in args]
+  if unexpected or missing:
+    raise ToolError(f"{call['name']} takes arguments {', '.join(schema)}"
+                    + (f"; missing {', '.join(missing)}" if missing else "")
+                    + (f"; unexpected {', '.join(repr(a[:20]) for a in unexpected[:5])}"
+                       if unexpected else ""))
+  for arg, kind in schema.items():
+    _check_argument(arg, args[arg], kind)
+  return _IMPLS[call["name"]](facts, args)
+
+
+# Tasks: a prompt, the calls that solve it (computed by running the tools), the answer.
+
+
+def _call(name: str, **arguments) -> dict:
+  return {"name": name, "arguments": arguments}
+
+
+def _trace(facts: dict, rng: random.Random, kind: str) -> tuple[str, list]:
+  """(prompt, list of call builders); each builder maps the previous results to a call."""
+  towns = [e for e in facts if "population" in facts[e]]
+  if kind == "weekday":
+    date = _date(rng, 1900, 2100)
+    return (f"On which day of the week does {date} fall?",
+            [lambda r: _call("weekday", date=date)])
+  if kind == "convert":
+    entity = rng.choice([e for e in facts if set(facts[e]) & set(UNITS_OF)])
+    if "height" in facts[entity]:
+      attribute, (unit, noun) = "height", rng.choice((("cm", "centimeters"), ("mm", "millimeters")))
+      prompt = f"How tall is {entity} in {noun}?"
+    else:
+      attribute, unit, noun = "length", "m", "meters"
+      prompt = f"How long is the {entity} in {noun}?"
+    return prompt, [lambda r: _call("lookup", entity=entity, attribute=attribute),
+                    lambda r: _call("convert_units", value=r[0]["result"],
+                                    from_unit=UNITS_OF[attribute], to_unit=unit)]
+  if kind == "scale":
+    town, factor = rng.choice(towns), rng.randint(2, 12)
+    return (f"If the population of {town} were multiplied by {factor}, how many people would "
+            "live there?",
+            [lambda r: _call("lookup", entity=town, attribute="population"),
+             lambda r: _call("calculator", expression=f"{r[0]['result']} * {factor}")])
+  if kind == "difference":
+    first, second = sorted(rng.sample(towns, 2), key=lambda t: -facts[t]["population"])
+    return (f"How many more people live in {first} than in {second}?",
+            [lambda r: _call("lookup", entity=first, attribute="population"),
+             lambda r: _call("lookup", entity=second, attribute="population"),
+             lambda r: _call("calculator",
+                             expression=f"{r[0]['result']} - {r[1]['result']}")])
+  if kind == "anniversary":
+    town, days = rng.choice(towns), rng.randint(10, 20_000)
+    return (f"On which day of the week was {town} exactly {days} days old (counting from the "
+            "day it was founded)?",
+            [lambda r: _call("lookup", entity=town, attribute="founded"),
+             lambda r: _call("add_days", date=r[0]["result"], days=days),
+             lambda r: _call("weekday", date=r[1]["result"])])
+  raise ValueError(f"task={kind!r} must be one of {TASKS}.")
+
+
+def make_task(seed: int, kind: str = "mixed") -> Task:
+  """The task of `seed`: a fresh world, a prompt, its gold calls and answer."""
+  if kind != "mixed" and kind not in TASKS:
+    raise ValueError(f"task={kind!r} must be 'mixed' or one of {TASKS}.")
+  rng = random.Random(seed)
+  facts = make_world(rng)
+  prompt, builders = _trace(facts, rng, rng.choice(TASKS) if kind == "mixed" else kind)
+  calls, results = [], []
+  for build in builders:
+    calls.append(build(results))
+    results.append(run_tool(facts, calls[-1]))
+  answer = results[-1]["result"]
+  answer = calculator.format_number(answer) if not isinstance(answer, str) else answer
+  return Task(prompt, answer, tuple(calls), facts)
+
+
+# Parsing model text.
+
+
+def _loads(text: str):
+  """json.loads on a bounded string: length and bracket count are checked first."""
+  if len(text) > MAX_CALL_CHARS:
+    raise ToolError(f"tool call longer than {MAX_CALL_CHARS} characters")
+  if sum(text.count(c) for c in "[{") > MAX_BRACKETS:
+    raise ToolError(f"tool call nests more than {MAX_BRACKETS} brackets")
+  try:
+    return json.loads(text)
+  except (ValueError, RecursionError) as e:
+    raise ToolError(f"tool call is not valid JSON ({type(e).__name__})") from e
+
+
+def parse_call(text: str) -> dict:
+  """{"name": str, "arguments": dict} from the inside of a <tool_call> pair, or ToolError."""
+  call = _loads(text.strip())
+  if not isinstance(call, dict):
+    raise ToolError('a tool call must be a JSON object {"name": ..., "arguments": {...}}')
+  name, args = call.get("name"), call.get("arguments", {})
+  if not isinstance(name, str):
+    raise ToolError('a tool call needs a string "name"')
+  if isinstance(args, str):  # parse_qwen also accepts arguments serialized as a JSON string
+    args = _loads(args)
+  if not isinstance(args, dict):
+    raise ToolError('"arguments" must be a JSON object')
+  return {"name": name, "arguments": args}
+
+
+def same_answer(given: str, gold: str) -> bool:
+  """Exact match: as numbers when the gold is one ("41,200" == "41200"), else ignoring case."""
+  want = verifiers.parse_number(gold)
+  if want is not None:
+    return verifiers.parse_number(given.strip()) == want
+  return verifiers.exact_match(given, gold, mode="raw", ignore_case=True) == 1.0
+
+
+class ToolUseEnv:
+  """Multi-turn Env: <tool_call> JSON calls get <tool_response>/<error>; <answer> ends it."""
+
+  system_prompt = SYSTEM_PROMPT
+
+  def __init__(self, task: str = "mixed", *, max_turns: int = 6, format_penalty: float = 0.0):
+    if task != "mixed" and task not in TASKS:
+      raise ValueError(f"task={task!r} must be 'mixed' or one of {TASKS}.")
+    if max_turns < 1 or format_penalty > 0:
+      raise ValueError(f"need max_turns >= 1 and format_penalty <= 0, got {max_turns}, "
+                       f"{format_penalty}.")
+    self.task, self.max_turns, self.format_penalty = task, max_turns, format_penalty
+    self._task, self._turn, self._calls, self._errors = None, 0, 0, 0
+
+  def reset(self, seed: int) -> str:
+    self._task = make_task(seed, self.task)
+    self._turn, self._calls, self._errors = 0, 0, 0
+    return self._task.prompt
+
+  @property
+  def gold_calls(self) -> list[dict]:
+    """The calls that solve the current task, in order (a fresh copy)."""
+    if self._task is None:
+      raise RuntimeError("ToolUseEnv.gold_calls needs reset(seed) first.")
+    return copy.deepcopy(list(self._task.gold_calls))
+
+  @property
+  def answer(self) -> str:
+    if self._task is None:
+      raise RuntimeError("ToolUseEnv.answer needs reset(seed) first.")
+    return self._task.answer
+
+  def _info(self, reward: float, call: dict | None, **kwargs) -> base.Info:
+    return base.make_info(reward=reward, call=call, gold_calls=self.gold_calls,
+                          tool_calls=self._calls, tool_errors=self._errors,
+                          target=self._task.answer, turn=self._turn, **kwargs)
+
+  def step(self, action: str) -> base.StepResult:
+    if self._task is None:
+      raise RuntimeError("ToolUseEnv.step() called before reset(seed).")
+    self._turn += 1
+    last = self._turn >= self.max_turns
+    action = extract.cap(action)  # the scans below see a bounded, linear-time input
+    answer = next(extract.tag_spans(action, "answer"), None)
+    if answer is not None:
+      correct = same_answer(answer[2], self._task.answer)
+      return "", float(correct), True, self._info(float(correct), None, success=correct,
+                                                  answer=answer[2].strip()[:200])
+    found = next(extract.tag_spans(action, "tool_call"), None)
+    if found is None:
+      error = ("no tool call or answer; write <tool_call>{\"name\": ..., \"arguments\": "
+               "{...}}</tool_call> or <answer>...</answer>")
+      return (f"<error>{error}</error>", self.format_penalty, last,
+              self._info(self.format_penalty, None, error=error))
+    self._calls += 1
+    call = None
+    try:
+      call = parse_call(found[2])
+      result = run_tool(self._task.facts, call)
+      obs, error = f"<tool_response>{json.dumps(result)}</tool_response>", ""
+    except ToolError as e:
+      self._errors += 1
+      obs, error = f"<error>{e}</error>", str(e)
+    return obs, 0.0, last, self._info(0.0, call, error=error)
