@@ -14,6 +14,7 @@ INSTALL_REQUIRES = [
     "ml_collections",
     "absl-py",
     "numpy",
+    "scipy",           # Kuhn-Munkres matching (agentrl.credit.matchtir); also a jax dependency
     "matplotlib",      # learning curves and study plots (PNG, Agg backend)
     "tensorboardX",    # TensorBoard event files without TensorFlow
 ]

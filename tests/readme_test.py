@@ -14,7 +14,13 @@ README = (ROOT / "README.md").read_text()
 # Modules whose public functions the objective tables list.
 MODULES = ("agentrl.advantages", "agentrl.losses.aggregation", "agentrl.losses.kl",
            "agentrl.losses.policy", "agentrl.losses.preference", "agentrl.losses.ratios",
-           "agentrl.losses.regularizers", "agentrl.losses.schedules", "agentrl.losses.value")
+           "agentrl.losses.regularizers", "agentrl.losses.schedules", "agentrl.losses.value",
+           "agentrl.credit.igpo", "agentrl.credit.siop", "agentrl.credit.infopo",
+           "agentrl.credit.gigpo", "agentrl.credit.matchtir", "agentrl.credit.spa",
+           "agentrl.credit.mapo", "agentrl.credit.spo", "agentrl.credit.oprl",
+           "agentrl.length_rewards", "agentrl.advantages_budget", "agentrl.rollout.delethink",
+           "agentrl.losses.selection", "agentrl.losses.trust_region",
+           "agentrl.losses.consistency", "agentrl.shaping", "agentrl.rewards.label_free")
 # Backticked words in that section that are values or metric keys, not functions.
 NOT_FUNCTIONS = {"k1", "k2", "k3", "abs", "ratio_mean", "ratio_max"}
 
