@@ -126,5 +126,68 @@ class SequenceLogpTest(chex.TestCase):
     np.testing.assert_array_equal(grad, mask)
 
 
+def np_sigmoid(x):
+  return 1.0 / (1.0 + np.exp(-x))
+
+
+def np_kto(policy, ref, desirable, policy_kl, ref_kl, beta=0.1, wd=1.0, wu=1.0):
+  """float64 transcription of TRL `KTOTrainer._compute_loss` (loss_type "kto")."""
+  kl = max(np.mean(policy_kl - ref_kl), 0.0)
+  r = policy - ref
+  return np.where(desirable, wd * (1 - np_sigmoid(beta * (r - kl))),
+                  wu * (1 - np_sigmoid(beta * (kl - r))))
+
+
+class KtoTest(chex.TestCase):
+
+  ARGS = (jnp.array([-1.0, -2.0]), jnp.array([-1.5, -1.5]), jnp.array([True, False]),
+          jnp.array([-3.0, -3.2]), jnp.array([-3.5, -3.4]))
+
+  @chex.variants(with_jit=True, without_jit=True)
+  def test_hand_computed(self):
+    # z0 = mean(0.5, 0.2) = 0.35; r = (0.5, -0.5).
+    loss, metrics = self.variant(preference.kto)(*self.ARGS)
+    np.testing.assert_allclose(loss, [1 - np_sigmoid(0.1 * 0.15), 1 - np_sigmoid(0.1 * 0.85)],
+                               rtol=1e-6)
+    np.testing.assert_allclose(metrics["kl"], 0.35, rtol=1e-6)
+    np.testing.assert_allclose(metrics["reward_chosen"], 0.05, rtol=1e-6)
+    np.testing.assert_allclose(metrics["reward_rejected"], -0.05, rtol=1e-6)
+    weighted, _ = self.variant(functools.partial(preference.kto, desirable_weight=2.0,
+                                                 undesirable_weight=0.5))(*self.ARGS)
+    np.testing.assert_allclose(weighted, loss * jnp.array([2.0, 0.5]), rtol=1e-6)
+
+  def test_reference_point_is_clamped_and_detached(self):
+    args = list(self.ARGS)
+    args[3] = jnp.array([-4.0, -4.0])  # a negative KL estimate: z0 = 0
+    loss, metrics = preference.kto(*args)
+    np.testing.assert_allclose(metrics["kl"], 0.0)
+    np.testing.assert_allclose(loss, [1 - np_sigmoid(0.05), 1 - np_sigmoid(0.05)], rtol=1e-6)
+    g_kl = jax.grad(lambda x: preference.kto(*self.ARGS[:3], x, self.ARGS[4])[0].sum())(
+        self.ARGS[3])
+    np.testing.assert_array_equal(g_kl, 0.0)
+
+  def test_against_float64_reference(self):
+    rng = np.random.default_rng(2)
+    policy, ref, policy_kl, ref_kl = (rng.normal(-30.0, 4.0, size=8) for _ in range(4))
+    desirable = rng.uniform(size=8) > 0.4
+    args32 = [jnp.asarray(x, jnp.float32) for x in (policy, ref)]
+    kl32 = [jnp.asarray(x, jnp.float32) for x in (policy_kl, ref_kl)]
+    fn = lambda p, r: np_kto(p, r, desirable, policy_kl, ref_kl, beta=0.3, wd=1.0, wu=1.33)
+    loss_fn = lambda p, r: preference.kto(p, r, jnp.asarray(desirable), *kl32, beta=0.3,
+                                          undesirable_weight=1.33)[0]
+    np.testing.assert_allclose(loss_fn(*args32), fn(policy, ref), rtol=1e-5, atol=1e-6)
+    grads = jax.grad(lambda *a: loss_fn(*a).sum(), argnums=(0, 1))(*args32)
+    for i in range(2):
+      np.testing.assert_allclose(grads[i], fd_grad(fn, (policy, ref), i), rtol=1e-4, atol=1e-7)
+    self.assertGreater(float(jnp.abs(grads[0]).max()), 1e-3)
+
+  def test_one_sided_batches_and_bad_beta(self):
+    loss, metrics = preference.kto(*self.ARGS[:2], jnp.array([True, True]), *self.ARGS[3:])
+    self.assertEqual(float(metrics["reward_rejected"]), 0.0)
+    self.assertTrue(np.all(np.isfinite(loss)))
+    with self.assertRaisesRegex(ValueError, "beta"):
+      preference.kto(*self.ARGS, beta=0.0)
+
+
 if __name__ == "__main__":
   absltest.main()
