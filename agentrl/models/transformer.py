@@ -244,10 +244,15 @@ def _apply_rope(x_BTHK, sin_BTk, cos_BTk):
   return out.astype(x_BTHK.dtype)
 
 
-def _project_qkv(cfg: Config, p, x_BTD, sin_cos):
+def _no_adapter(name, x, y):
+  del name, x
+  return y
+
+
+def _project_qkv(cfg: Config, p, x_BTD, sin_cos, adapt):
   dt = cfg.dtype
-  proj = lambda w: jnp.einsum("btd,dhk->bthk", x_BTD, w.astype(dt))
-  q_BTHK, k_BTHK, v_BTHK = proj(p["q_LDHK"]), proj(p["k_LDHK"]), proj(p["v_LDHK"])
+  proj = lambda name, w: adapt(name, x_BTD, jnp.einsum("btd,dhk->bthk", x_BTD, w.astype(dt)))
+  q_BTHK, k_BTHK, v_BTHK = proj("q", p["q_LDHK"]), proj("k", p["k_LDHK"]), proj("v", p["v_LDHK"])
   if cfg.qkv_bias:
     q_BTHK = q_BTHK + p["q_bias_LHK"].astype(dt)[None, None]
     k_BTHK = k_BTHK + p["k_bias_LHK"].astype(dt)[None, None]
@@ -274,23 +279,24 @@ def _attend(cfg: Config, q_BTHK, k_BSGK, v_BSGK, allowed_BTS):
   return o_BTGRK.reshape(b, t, h, k)
 
 
-def _layer(cfg: Config, p, x_BTD, sin_cos, allowed_BTS, kv_fn):
-  """One pre-norm decoder layer. kv_fn maps this step's (k, v) to all visible (k, v)."""
+def _layer(cfg: Config, p, x_BTD, sin_cos, allowed_BTS, kv_fn, adapt=_no_adapter):
+  """One pre-norm decoder layer. kv_fn maps this step's (k, v) to all visible (k, v);
+  adapt(name, x, y) may add a term to each projection y = x W (see `Transformer.hidden`)."""
   dt = cfg.dtype
   a, m = p["attn"], p["mlp"]
   h_BTD = _rms_norm(cfg, x_BTD, p["pre_attn_norm_LD"])
-  q_BTHK, k_BTGK, v_BTGK = _project_qkv(cfg, a, h_BTD, sin_cos)
+  q_BTHK, k_BTGK, v_BTGK = _project_qkv(cfg, a, h_BTD, sin_cos, adapt)
   k_BSGK, v_BSGK = kv_fn(k_BTGK, v_BTGK)
   o_BTHK = _attend(cfg, q_BTHK, k_BSGK, v_BSGK, allowed_BTS)
-  h_BTD = jnp.einsum("bthk,hkd->btd", o_BTHK, a["o_LHKD"].astype(dt))
+  h_BTD = adapt("o", o_BTHK, jnp.einsum("bthk,hkd->btd", o_BTHK, a["o_LHKD"].astype(dt)))
   if cfg.post_norms:
     h_BTD = _rms_norm(cfg, h_BTD, p["post_attn_norm_LD"])
   x_BTD = x_BTD + h_BTD
   h_BTD = _rms_norm(cfg, x_BTD, p["pre_mlp_norm_LD"])
-  gate_BTF = jnp.einsum("btd,df->btf", h_BTD, m["gate_LDF"].astype(dt))
-  up_BTF = jnp.einsum("btd,df->btf", h_BTD, m["up_LDF"].astype(dt))
-  h_BTD = jnp.einsum("btf,fd->btd", ACTIVATIONS[cfg.act](gate_BTF) * up_BTF,
-                     m["down_LFD"].astype(dt))
+  gate_BTF = adapt("gate", h_BTD, jnp.einsum("btd,df->btf", h_BTD, m["gate_LDF"].astype(dt)))
+  up_BTF = adapt("up", h_BTD, jnp.einsum("btd,df->btf", h_BTD, m["up_LDF"].astype(dt)))
+  g_BTF = ACTIVATIONS[cfg.act](gate_BTF) * up_BTF
+  h_BTD = adapt("down", g_BTF, jnp.einsum("btf,fd->btd", g_BTF, m["down_LFD"].astype(dt)))
   if cfg.post_norms:
     h_BTD = _rms_norm(cfg, h_BTD, p["post_mlp_norm_LD"])
   return x_BTD + h_BTD
@@ -326,14 +332,19 @@ class Transformer(nnx.Module):
     """Float32 logits [B, T, V]; logits at t predict token t + 1."""
     return self.logits(self.hidden(tokens_BT, positions_BT, input_mask_BT))
 
-  def hidden(self, tokens_BT, positions_BT, input_mask_BT=None) -> jax.Array:
-    """Final hidden states [B, T, D] (after the final norm), in `cfg.dtype`."""
+  def hidden(self, tokens_BT, positions_BT, input_mask_BT=None, *, adapter=None) -> jax.Array:
+    """Final hidden states [B, T, D] (after the final norm), in `cfg.dtype`.
+
+    `adapter` (LoRA, agentrl/models/lora.py) is (params with a leading L axis, fn): layer i
+    computes each projection y = x W named q, k, v, o, gate, up or down as
+    fn(params[i], i, name, x, y), e.g. y plus a low-rank term.
+    """
     if input_mask_BT is None:
       input_mask_BT = jnp.ones(tokens_BT.shape, bool)
     positions_BT = positions_BT.astype(jnp.int32)
     slot_T = jnp.arange(tokens_BT.shape[1], dtype=jnp.int32)
     masks = _allowed(self.cfg, positions_BT, positions_BT, slot_T, input_mask_BT.astype(bool))
-    x_BTD, _ = self._run_layers(self._embed(tokens_BT), positions_BT, masks, None)
+    x_BTD, _ = self._run_layers(self._embed(tokens_BT), positions_BT, masks, None, adapter)
     return _rms_norm(self.cfg, x_BTD, self.final_norm_D[...])
 
   def unembed_DV(self) -> jax.Array:
@@ -350,13 +361,17 @@ class Transformer(nnx.Module):
       logits_BTV = cap * jnp.tanh(logits_BTV / cap)
     return logits_BTV
 
-  def decode(self, tokens_BT, positions_BT, input_mask_BT, cache: KVCache, cache_index):
+  def decode(self, tokens_BT, positions_BT, input_mask_BT, cache: KVCache, cache_index, *,
+             adapter=None, layers=None):
     """Runs T new tokens against the cache; returns (f32 logits [B, T, V], updated cache).
 
     The new keys/values go to slots [cache_index, cache_index + T) (the caller keeps this in
     range: out-of-range writes are clamped by XLA). Prefill a left-padded batch with
     cache_index=0, then decode with T=1. Gives the same logits as `__call__` on the
-    concatenated tokens.
+    concatenated tokens. `adapter` as in `hidden`. `layers` = `unstack_layers(params)` runs the
+    layers as an unrolled loop over those per-layer buffers instead of scanning the stacked
+    weights: the same math, without the scan's per-layer copy of every weight (a large share
+    of a memory-bound CPU decode step; the rollout engine does this on CPU).
     """
     cfg = self.cfg
     idx = jnp.asarray(cache_index, jnp.int32)
@@ -369,7 +384,7 @@ class Transformer(nnx.Module):
     masks = _allowed(cfg, positions_BT, pos_BS, slot_T, valid_BS)
     kv = (cache.k_LBSHK, cache.v_LBSHK, idx)
     x_BTD, (k_LBSHK, v_LBSHK, _) = self._run_layers(self._embed(tokens_BT), positions_BT,
-                                                     masks, kv)
+                                                     masks, kv, adapter, layers)
     logits_BTV = self.logits(_rms_norm(cfg, x_BTD, self.final_norm_D[...]))
     return logits_BTV, KVCache(k_LBSHK, v_LBSHK, valid_BS, pos_BS)
 
@@ -381,23 +396,28 @@ class Transformer(nnx.Module):
       x_BTD = x_BTD * jnp.asarray(math.sqrt(self.cfg.width), self.cfg.dtype)
     return x_BTD
 
-  def _run_layers(self, x_BTD, positions_BT, masks, kv):
-    """Scans the stacked layers. kv is None (no cache) or (k_LBSHK, v_LBSHK, write index)."""
+  def _run_layers(self, x_BTD, positions_BT, masks, kv, adapter, layers=None):
+    """Scans the stacked layers (or loops over `layers`, per-layer params without the L axis).
+    kv is None (no cache) or (k_LBSHK, v_LBSHK, write index)."""
     cfg = self.cfg
     params = nnx.to_pure_dict(nnx.state(self.layers, nnx.Param))
     has_local = any(cfg.local_layers)
     rope_global = _rope_tables(cfg, positions_BT, local=False)
     rope_local = _rope_tables(cfg, positions_BT, local=True) if has_local else rope_global
-    xs = (params, jnp.arange(cfg.depth, dtype=jnp.int32), jnp.asarray(cfg.local_layers))
+    adapter_params, adapter_fn = adapter or (None, None)
+    xs = (params, jnp.arange(cfg.depth, dtype=jnp.int32), jnp.asarray(cfg.local_layers),
+          adapter_params)
 
     def body(carry, xs):
       x_BTD, kv = carry
-      p, layer, local = xs
+      p, layer, local, a = xs
+      adapt = _no_adapter if adapter is None else functools.partial(adapter_fn, a, layer)
       pick = lambda a, b: jnp.where(local, a, b) if has_local else b
       sin_cos = jax.tree.map(pick, rope_local, rope_global)
       allowed_BTS = pick(masks[1], masks[0])
       if kv is None:
-        return (_layer(cfg, p, x_BTD, sin_cos, allowed_BTS, lambda k, v: (k, v)), None), None
+        return (_layer(cfg, p, x_BTD, sin_cos, allowed_BTS, lambda k, v: (k, v), adapt),
+                None), None
       k_LBSHK, v_LBSHK, idx = kv
       written = {}
 
@@ -410,10 +430,25 @@ class Transformer(nnx.Module):
         dt = cfg.dtype
         return written["k"][layer].astype(dt), written["v"][layer].astype(dt)
 
-      x_BTD = _layer(cfg, p, x_BTD, sin_cos, allowed_BTS, kv_fn)
+      x_BTD = _layer(cfg, p, x_BTD, sin_cos, allowed_BTS, kv_fn, adapt)
       return (x_BTD, (written["k"], written["v"], idx)), None
 
+    if layers is not None:
+      if adapter is not None or len(layers) != cfg.depth:
+        raise ValueError(f"layers= needs {cfg.depth} per-layer params and no adapter.")
+      carry = (x_BTD, kv)
+      for i, p in enumerate(layers):
+        carry, _ = body(carry, (p, i, cfg.local_layers[i], None))
+      return carry
     if cfg.remat:
       body = jax.checkpoint(body)
     (x_BTD, kv), _ = jax.lax.scan(body, (x_BTD, kv), xs)
     return x_BTD, kv
+
+
+def unstack_layers(params) -> list[dict]:
+  """A Transformer's stacked layer params as one pure dict per layer (separate buffers when
+  returned from a jitted function), for `Transformer.decode(..., layers=)`."""
+  stacked = nnx.to_pure_dict(params["layers"])
+  depth = jax.tree.leaves(stacked)[0].shape[0]
+  return [jax.tree.map(lambda w, i=i: w[i], stacked) for i in range(depth)]

@@ -62,23 +62,23 @@ def _take(cache, rows):
                              jnp.take(cache.pos_BS, rows, axis=0))
 
 
-def _prefill(graphdef, params, cache, rows_R, reset_R, tokens_RN, pos_RN, mask_RN, dst_D, src_D,
-             col):
+def _prefill(graphdef, params, layers, cache, rows_R, reset_R, tokens_RN, pos_RN, mask_RN,
+             dst_D, src_D, col):
   """Prefills sub-batch rows `rows_R` at columns [col, col + N), then writes sub-row src_D[j]
   into cache row dst_D[j] (out-of-range dst: dropped). `reset_R` rows start empty."""
   model = nnx.merge(graphdef, params)
   sub = _take(cache, rows_R)
   sub = sub.replace(valid_BS=sub.valid_BS & ~reset_R[:, None])
-  _, sub = model.decode(tokens_RN, pos_RN, mask_RN, sub, col)
+  _, sub = model.decode(tokens_RN, pos_RN, mask_RN, sub, col, layers=layers)
   put = lambda x_full, x_sub, axis: x_full.at[(slice(None),) * axis + (dst_D,)].set(
       jnp.take(x_sub, src_D, axis=axis), mode="drop")
   return transformer.KVCache(put(cache.k_LBSHK, sub.k_LBSHK, 1), put(cache.v_LBSHK, sub.v_LBSHK, 1),
                              put(cache.valid_BS, sub.valid_BS, 0), put(cache.pos_BS, sub.pos_BS, 0))
 
 
-def _decode(graphdef, params, cache, col, feed_B, pos_B, active_B, budget_B, episode_B, turn_B,
-            step0_B, greedy_B, stop_BK, rng, temperature, top_p, *, num_steps, top_k, use_top_p,
-            logp_mode):
+def _decode(graphdef, params, layers, cache, col, feed_B, pos_B, active_B, budget_B, episode_B,
+            turn_B, step0_B, greedy_B, stop_BK, rng, temperature, top_p, *, num_steps, top_k,
+            use_top_p, logp_mode):
   """Up to num_steps decode steps of the active slots at columns col, col + 1, ..."""
   model = nnx.merge(graphdef, params)
   B = feed_B.shape[0]
@@ -96,7 +96,7 @@ def _decode(graphdef, params, cache, col, feed_B, pos_B, active_B, budget_B, epi
     s, cache, feed_B, tokens_BK, logp_BK, lengths_B, stopped_B, done_B = carry
     live_B = ~done_B
     logits_B1V, cache = model.decode(feed_B[:, None], (pos_B + lengths_B)[:, None],
-                                     live_B[:, None], cache, col + s)
+                                     live_B[:, None], cache, col + s, layers=layers)
     new_B, new_logp_B = sample(logits_B1V[:, 0], fold(turn_keys_B, step0_B + lengths_B))
     rows = jnp.arange(B)
     tokens_BK = tokens_BK.at[rows, lengths_B].set(
@@ -155,10 +155,16 @@ class Engine:
     env_workers: env resets/steps in flight at once.
     env_timeout_s: seconds an env call may take before its episode ends (None: no limit).
     cache_dtype: KV cache dtype (default: the model's compute dtype).
+    unroll_layers: run prefill and decode over a per-layer copy of the layer weights, made
+      once per `run` (`transformer.unstack_layers`), instead of scanning the stacked weights,
+      whose per-layer slices XLA:CPU copies at every step. Costs one more copy of the layer
+      weights while a run lasts, and a longer compile. None: on the CPU backend only, and
+      never for a LoRA policy (its adapters stay in the layer scan).
   """
 
   def __init__(self, graphdef, *, pad_id: int, slots: int = 64, chunk: int = 16,
-               env_workers: int = 8, env_timeout_s: float | None = 300.0, cache_dtype=None):
+               env_workers: int = 8, env_timeout_s: float | None = 300.0, cache_dtype=None,
+               unroll_layers: bool | None = None):
     if slots < 1 or chunk < 1 or env_workers < 1:
       raise ValueError(f"need slots, chunk and env_workers >= 1; got {slots}, {chunk}, "
                        f"{env_workers}.")
@@ -167,8 +173,12 @@ class Engine:
     self.graphdef, self.pad_id, self.slots, self.chunk = graphdef, int(pad_id), slots, chunk
     self.env_workers, self.env_timeout_s, self.cache_dtype = env_workers, env_timeout_s, \
         cache_dtype
-    self._prefill = jax.jit(functools.partial(_prefill, graphdef), donate_argnums=(1,))
-    self._decode = jax.jit(functools.partial(_decode, graphdef), donate_argnums=(1,),
+    if unroll_layers is None:
+      unroll_layers = jax.default_backend() == "cpu"
+    self.unroll_layers = bool(unroll_layers)
+    self._unstack = jax.jit(lambda params: transformer.unstack_layers(params))
+    self._prefill = jax.jit(functools.partial(_prefill, graphdef), donate_argnums=(2,))
+    self._decode = jax.jit(functools.partial(_decode, graphdef), donate_argnums=(2,),
                            static_argnames=("num_steps", "top_k", "use_top_p", "logp_mode"))
     self._compact = jax.jit(_compact, donate_argnums=(0,))
     self.chunk_s = 0.02   # wall time of the last decode chunk (how long to wait for envs)
@@ -233,7 +243,11 @@ class _Run:
     self.e, self.params, self.tok, self.rows, self.seeds = engine, params, tok, rows, seeds
     self.render, self.max_turns, self.max_new = render, max_turns, max_new_tokens
     self.max_len, self.rng, self.sampling = max_len, rng, sampling
-    cfg = nnx.merge(engine.graphdef, params).cfg
+    model = nnx.merge(engine.graphdef, params)
+    cfg = model.cfg
+    # A LoRA policy is another class: its adapters run inside the layer scan.
+    unroll = engine.unroll_layers and type(model) is transformer.Transformer
+    self.layers = engine._unstack(params) if unroll else None
     self.B = min(engine.slots, sampler_lib.bucket(len(rows)))
     # Every decode step attends over all `capacity` columns, so the cache starts near one
     # transcript's length and grows by doubling; each capacity is one compiled shape.
@@ -355,7 +369,7 @@ class _Run:
     sub_index = {i: r for r, i in enumerate(prefill_rows)}
     for j, i in enumerate(todo):
       dst[j], src[j] = i, sub_index[source[i]]
-    self.cache = self.e._prefill(self.params, self.cache, *jax.device_put(
+    self.cache = self.e._prefill(self.params, self.layers, self.cache, *jax.device_put(
         (rows, reset, tokens, pos, mask, dst, src, np.int32(self.col))))
     self.col += N
     self.prefill_tokens += sum(len(new[i]) for i in prefill_rows)
@@ -386,8 +400,8 @@ class _Run:
     inputs = jax.device_put((np.int32(self.col), feed, pos, active, budget, episode, turn, step0,
                              greedy, self.stop_BK))
     self.cache, tokens, logp, lengths, stopped, steps = self.e._decode(
-        self.params, self.cache, *inputs, self.rng, *jax.device_put(floats), num_steps=K,
-        **sampling)
+        self.params, self.layers, self.cache, *inputs, self.rng, *jax.device_put(floats),
+        num_steps=K, **sampling)
     tokens, logp, lengths, stopped, steps = jax.device_get(
         (tokens, logp, lengths, stopped, steps))
     self.col += int(steps)
