@@ -39,6 +39,7 @@ from agentrl import metrics as metrics_lib
 from agentrl import types
 from agentrl.losses import aggregation
 from agentrl.losses import kl
+from agentrl.models import lora
 from agentrl.models import policy as policy_lib
 from agentrl.rollout import agent_loop
 from agentrl.rollout import pack as pack_lib
@@ -67,6 +68,7 @@ class Rollout:
   batch: types.Batch                       # device arrays; rows [i*G, (i+1)*G) share a prompt
   metrics: dict[str, float]                # host scalars: reward, success, lengths, env counters
   extras: dict[str, Any] = dataclasses.field(default_factory=dict)  # e.g. greedy_reward_B
+  lengths_B: np.ndarray | None = None      # host: real tokens per row (length-sorted updates)
 
 
 def trajectory_success(traj: agent_loop.Trajectory) -> bool:
@@ -84,14 +86,20 @@ def rollout_metrics(trajs: Sequence[agent_loop.Trajectory]) -> dict[str, float]:
 def batch_metrics(trajs: Sequence[agent_loop.Trajectory], batch: types.Batch) -> dict[str, float]:
   """Real (non-padding) tokens of the packed batch of `trajs`, and the padding fraction."""
   B, T = batch.tokens_BT.shape
-  real = float(sum(min(len(t.tokens), T) for t in trajs))
+  real = float(row_lengths(trajs, batch).sum())
   return {"rollout/batch_tokens": real, "rollout/pad_frac": 1.0 - real / (B * T)}
+
+
+def row_lengths(trajs: Sequence[agent_loop.Trajectory], batch: types.Batch) -> np.ndarray:
+  """Host [B] real (non-padding) tokens of each packed row: `Rollout.lengths_B`."""
+  return np.asarray([min(len(t.tokens), batch.tokens_BT.shape[1]) for t in trajs], np.int32)
 
 
 def env_rollout(engine, params, tok, make_env: Callable[[], Any], seeds: Sequence[Any], *,
                 rng: jax.Array, group_size: int, max_turns: int, max_new_tokens: int,
                 max_len: int, temperature: float, chat_template: bool,
-                greedy_baseline: bool = False, min_len: int = 16, sharding=None,
+                greedy_baseline: bool = False, min_len: int = 16, per_octave: int = 1,
+                sharding=None,
                 **sample_kwargs) -> Rollout:
   """G rollouts per seed through `agent_loop.rollout_groups`, packed into a device Batch.
 
@@ -105,30 +113,34 @@ def env_rollout(engine, params, tok, make_env: Callable[[], Any], seeds: Sequenc
       chat_template=chat_template, **sample_kwargs)
   trajs = groups.trajectories
   batch = pack_lib.pack(trajs, max_len=max_len, pad_id=tok.pad_id, min_len=min_len,
-                        sharding=sharding)
+                        per_octave=per_octave, sharding=sharding)
   host = {**groups.metrics, **rollout_metrics(trajs), **batch_metrics(trajs, batch)}
   extras = {}
   if greedy_baseline:
     greedy_B = np.repeat([t.reward for t in groups.baseline], group_size).astype(np.float32)
     extras["greedy_reward_B"] = jax.device_put(greedy_B, sharding)
-  return Rollout(batch=batch, metrics=host, extras=extras)
+  return Rollout(batch=batch, metrics=host, extras=extras, lengths_B=row_lengths(trajs, batch))
 
 
 def make_score_step(graphdef, *, temperature: float, logprob_impl: str = "auto",
-                    with_ref: bool = False) -> Callable:
+                    with_ref: bool = False, keep_entropy: bool = False) -> Callable:
   """score_step(params, ref_params, batch) -> (batch, metrics); pure, jit it in the experiment.
 
   Fills `old_logp_BT` with the learner's own log-probs of the behaviour policy (the ratio's
   denominator) and, with `with_ref`, `ref_logp_BT` from the frozen reference params, which
-  stay a separate non-donated argument (docs/style.md C4). Metrics: `logp_mismatch` (mean
-  |learner - sampler| log-prob over policy tokens, ~0 in float32), `entropy` (token-mean, of
-  pi_old), and with a reference `kl` (token-mean k3 estimate of KL(pi_old || pi_ref) on the
-  sampled tokens). These names are the score step's in every experiment: a loss's own KL or
-  entropy is `kl_loss` / `entropy_loss` (README, Metrics).
+  stay a separate non-donated argument (docs/style.md C4); ref_params=None with LoRA params
+  (`recipe.reference_params`) scores their frozen base with the adapters off. Metrics:
+  `logp_mismatch` (mean |learner - sampler| log-prob over policy tokens, ~0 in float32),
+  `entropy` (token-mean, of pi_old), and with a reference `kl` (token-mean k3 estimate of
+  KL(pi_old || pi_ref) on the sampled tokens). These names are the score step's in every
+  experiment: a loss's own KL or entropy is `kl_loss` / `entropy_loss` (README, Metrics).
+  With `keep_entropy` the batch also keeps the per-token entropy of pi_old (`entropy_BT`), for
+  an advantage step that selects or weighs tokens by it (experiments/d3s.py).
   """
 
-  def logprobs(params, batch, return_entropy):
+  def logprobs(params, batch, return_entropy, adapters_off=False):
     model = nnx.merge(graphdef, params)
+    model = lora.base_model(model) if adapters_off else model
     return policy_lib.token_logprobs(
         model, batch.tokens_BT, batch.positions_BT, batch.input_mask_BT,
         temperature=temperature, return_entropy=return_entropy, impl=logprob_impl)
@@ -142,10 +154,12 @@ def make_score_step(graphdef, *, temperature: float, logprob_impl: str = "auto",
           jnp.abs(old_logp_BT - batch.sampler_logp_BT), mask_BT)
     ref_logp_BT = None
     if with_ref:
-      ref_logp_BT = logprobs(ref_params, batch, False)
+      ref_logp_BT = logprobs(params if ref_params is None else ref_params, batch, False,
+                             adapters_off=ref_params is None)
       metrics["kl"] = aggregation.aggregate(kl.kl_penalty(old_logp_BT, ref_logp_BT, "k3"),
                                             mask_BT, "token-mean")
-    return batch.replace(old_logp_BT=old_logp_BT, ref_logp_BT=ref_logp_BT), metrics
+    return batch.replace(old_logp_BT=old_logp_BT, ref_logp_BT=ref_logp_BT,
+                         entropy_BT=entropy_BT if keep_entropy else batch.entropy_BT), metrics
 
   return score_step
 
@@ -153,10 +167,12 @@ def make_score_step(graphdef, *, temperature: float, logprob_impl: str = "auto",
 def apply_gradients(state, grads, tx) -> tuple[Any, dict[str, jax.Array]]:
   """One optimizer step: (state with new params/opt_state and step + 1, {"grad_norm"}).
 
-  `grad_norm` is the global norm of `grads` before the optimizer (and its clipping) sees them.
+  `grad_norm` is the global norm of `grads` before the optimizer (and its clipping) sees them;
+  with LoRA params both see the adapters only, and the frozen bases pass through unchanged.
   """
-  updates, opt_state = tx.update(grads, state.opt_state, state.params)
-  params = optax.apply_updates(state.params, updates)
+  grads, trained = lora.trainable(grads), lora.trainable(state.params)
+  updates, opt_state = tx.update(grads, state.opt_state, trained)
+  params = lora.combine(state.params, optax.apply_updates(trained, updates))
   new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state)
   return new_state, {"grad_norm": optax.tree.norm(grads)}
 
@@ -172,7 +188,9 @@ def gradient_step(loss_fn: Callable, tx, *, with_step: bool = False) -> Callable
 
   def update_step(state, batch: types.Batch):
     args = (state.step,) if with_step else ()
-    (_, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params, batch, *args)
+    # [INF] LoRA dropout (if any) draws from fold_in(key(0), update count): resumable.
+    with lora.dropout_key(jax.random.fold_in(jax.random.key(0), state.step)):
+      (_, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params, batch, *args)
     state, grad_metrics = apply_gradients(state, grads, tx)
     return state, {**metrics, **grad_metrics}
 
@@ -195,10 +213,12 @@ def skip_nonfinite(update_step: Callable) -> Callable:
       if key.endswith("grad_norm"):
         ok &= jnp.isfinite(metrics[key])
     # Finite gradients can still overflow in the optimizer (a huge Adam step, a bad moment).
-    for leaf in jax.tree.leaves(new_state):
-      if jnp.issubdtype(leaf.dtype, jnp.floating):
-        ok &= jnp.all(jnp.isfinite(leaf))
-    state = jax.tree.map(lambda new, old: jnp.where(ok, new, old), new_state, state)
+    # Leaves passed through unchanged (a LoRA model's frozen base) need neither check nor select.
+    for new, old in zip(jax.tree.leaves(new_state), jax.tree.leaves(state)):
+      if new is not old and jnp.issubdtype(new.dtype, jnp.floating):
+        ok &= jnp.all(jnp.isfinite(new))
+    state = jax.tree.map(lambda new, old: old if new is old else jnp.where(ok, new, old),
+                         new_state, state)
     return state, {**metrics, "skipped": (~ok).astype(jnp.float32)}
 
   return guarded
@@ -215,6 +235,35 @@ def minibatches(batch: types.Batch, *, num: int, rng: jax.Array | None) -> list[
   size = B // num
   return [jax.tree.map(lambda x, idx=order[i * size:(i + 1) * size]: x[idx], batch)
           for i in range(num)]
+
+
+def length_sorted_minibatches(batch: types.Batch, lengths_B, *, num: int, seed=None,
+                              min_len: int = 16) -> list[types.Batch]:
+  """`num` minibatches of rows of similar length, each cut to its own padded length.
+
+  The plan is `pack.length_sorted_layout` (rows sorted by length, runs of B / num rows, T = the
+  power-of-two bucket of each run's longest row, capped at the batch's T). Each minibatch takes
+  its rows and the first T columns of every `*_BT` field (`aux` entries too). Only padding is
+  cut, so per-row values (log-probs, per-sequence sums) are unchanged; which rows share a
+  minibatch differs from `minibatches`, so per-minibatch normalizers do too; with num=1 the
+  rows keep their order and only the padding past the bucket of the longest row is cut.
+  """
+  T = batch.tokens_BT.shape[1]
+  layout = pack_lib.length_sorted_layout(lengths_B, num=num, max_len=T, min_len=min_len,
+                                         seed=seed)
+  return [_take(batch, jax.device_put(rows), width) for rows, width in layout]
+
+
+def _take(batch: types.Batch, rows: jax.Array, width: int) -> types.Batch:
+  cut = lambda name, x: x[rows][:, :width] if name.endswith("_BT") else x[rows]
+  fields = {}
+  for field in dataclasses.fields(batch):
+    x = getattr(batch, field.name)
+    if isinstance(x, dict):
+      fields[field.name] = {k: cut(k, v) for k, v in x.items()}
+    elif x is not None:
+      fields[field.name] = cut(field.name, x)
+  return batch.replace(**fields)
 
 
 def _mean_metrics(per_update: Sequence[Mapping[str, Any]]) -> dict[str, float]:
@@ -251,6 +300,7 @@ def run(state, *, rng: jax.Array, total_steps: int, workdir: str,
         advantage_fn: Callable[[types.Batch, dict], tuple[types.Batch, dict]],
         update_fn: Callable[[Any, types.Batch], tuple[Any, dict]],
         epochs: int = 1, num_minibatches: int = 1, shuffle: bool = True,
+        sort_by_length: bool = False,
         data: DataStream | None = None,
         evaluate: Callable[[Any], dict[str, float]] | None = None, eval_every: int = 0,
         save_every: int = 50, keep: int = 2, keep_period: int = 0, async_save: bool = True,
@@ -268,6 +318,10 @@ def run(state, *, rng: jax.Array, total_steps: int, workdir: str,
     update_fn: the experiment's jitted update_step(state, minibatch) -> (state, metrics),
       wrapped in `skip_nonfinite` so a bad loss skips the update and is logged.
     epochs, num_minibatches: passes over each rollout batch and updates per pass.
+    sort_by_length: form each pass's minibatches with `length_sorted_minibatches` (rows of
+      similar length, each minibatch padded to its own bucket; visited in an order drawn from
+      (step, epoch) when `shuffle`) when the rollout reports `lengths_B`; default: random
+      equal splits of the rows at the batch's T.
     data: the prompt stream whose position is checkpointed.
     evaluate: params -> metrics (e.g. held-out greedy success), run before step 1, every
       `eval_every` steps and after the last; logged with an "eval/" prefix.
@@ -284,9 +338,11 @@ def run(state, *, rng: jax.Array, total_steps: int, workdir: str,
   ckpt = checkpoint_lib.Checkpointer(f"{workdir}/ckpt", save_every=save_every, keep=keep,
                                      keep_period=keep_period, async_save=async_save)
   step, evals = 0, {}
+  # Checkpoints hold what training changes: not a LoRA model's base, rebuilt by the caller.
   if ckpt.latest_step() is not None:
-    tree, meta = ckpt.restore({"state": state, "rng": rng})
-    state, rng, step, evals = tree["state"], tree["rng"], int(meta["step"]), meta["evals"]
+    tree, meta = ckpt.restore({"state": lora.trainable(state), "rng": rng})
+    state, rng, step, evals = (lora.combine(state, tree["state"]), tree["rng"], int(meta["step"]),
+                               meta["evals"])
     if data is not None:
       data.restore(meta["data"])
     print(f"Resumed from {ckpt.directory} at step {step}.", flush=True)
@@ -305,6 +361,7 @@ def run(state, *, rng: jax.Array, total_steps: int, workdir: str,
         step += 1
         state, record = _step(state, step, rng, rollout_fn, score_fn, advantage_fn, update_fn,
                               epochs=epochs, num_minibatches=num_minibatches, shuffle=shuffle,
+                              sort_by_length=sort_by_length,
                               beat=beat)
         if evaluate is not None and (step == total_steps or
                                      (eval_every and step % eval_every == 0)):
@@ -320,7 +377,8 @@ def run(state, *, rng: jax.Array, total_steps: int, workdir: str,
           raise TrainingStopped(f"stopped at step {step}: {why}. {where}")
         if not trouble:
           meta = {"step": step, "evals": evals, "data": data.state() if data is not None else {}}
-          if ckpt.save(step, {"state": state, "rng": rng}, meta, force=step == total_steps):
+          if ckpt.save(step, {"state": lora.trainable(state), "rng": rng}, meta,
+                       force=step == total_steps):
             last_saved = step
   finally:
     ckpt.close()
@@ -345,7 +403,7 @@ def _prefixed(scalars: Mapping[str, Any]) -> dict[str, float]:
 
 
 def _step(state, step, rng, rollout_fn, score_fn, advantage_fn, update_fn, *, epochs,
-          num_minibatches, shuffle, beat):
+          num_minibatches, shuffle, beat, sort_by_length=False):
   """One RL step; returns (state, flat host metrics).
 
   Each phase is timed up to the moment its results are ready on the device (JAX dispatch is
@@ -369,7 +427,11 @@ def _step(state, step, rng, rollout_fn, score_fn, advantage_fn, update_fn, *, ep
   jax.block_until_ready(batch)
   marks.append(time.perf_counter())
   beat.phase(f"step {step}: update")
-  parts = [mb for key in keys for mb in minibatches(batch, num=num_minibatches, rng=key)]
+  if sort_by_length and rollout.lengths_B is not None:
+    parts = [mb for epoch in range(epochs) for mb in length_sorted_minibatches(
+        batch, rollout.lengths_B, num=num_minibatches, seed=(step, epoch) if shuffle else None)]
+  else:
+    parts = [mb for key in keys for mb in minibatches(batch, num=num_minibatches, rng=key)]
   per_update = []
   with jax.transfer_guard("disallow"):
     for minibatch in parts:

@@ -4,7 +4,9 @@
 Each row of a batch is one pull: token 1 of the row is the arm, its log-prob comes from a
 softmax over 4 logits, and arm 3 pays 1. The shared driver must make the reward go up, skip
 non-finite updates, and resume from a checkpoint to exactly the uninterrupted run's records.
+The score step's own test uses a one-layer transformer of width 16.
 """
+import functools
 import io
 import os
 import shutil
@@ -12,6 +14,7 @@ import tempfile
 from unittest import mock
 
 from absl.testing import absltest
+from flax import nnx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -22,6 +25,12 @@ from agentrl import loop
 from agentrl import types
 from agentrl.data import generators
 from agentrl.data import stream
+from agentrl.losses import aggregation
+from agentrl.models import policy as policy_lib
+from agentrl.models import testing
+from agentrl.models import transformer
+from agentrl.rollout import agent_loop
+from agentrl.rollout import pack as pack_lib
 
 jax.config.update("jax_numpy_rank_promotion", "raise")
 
@@ -207,6 +216,20 @@ class HelpersTest(absltest.TestCase):
     with self.assertRaisesRegex(ValueError, "minibatches=3 must divide the batch size 8"):
       loop.minibatches(batch, num=3, rng=None)
 
+  def test_minibatches_carry_entropy_and_aux_with_their_rows(self):
+    rows_B = jnp.arange(8)
+    batch = types.Batch(tokens_BT=jnp.stack([rows_B, rows_B], 1), positions_BT=jnp.zeros((8, 2)),
+                        input_mask_BT=jnp.ones((8, 2)), loss_mask_BT=jnp.ones((8, 2)),
+                        entropy_BT=jnp.stack([rows_B, -rows_B], 1).astype(jnp.float32),
+                        aux={"x_B": 10 * rows_B, "y_BT": jnp.stack([rows_B, rows_B], 1)})
+    for part in loop.minibatches(batch, num=4, rng=jax.random.key(2)):
+      row_B = np.asarray(part.tokens_BT[:, 0])
+      np.testing.assert_array_equal(part.aux["x_B"], 10 * row_B)
+      np.testing.assert_array_equal(part.aux["y_BT"][:, 1], row_B)
+      np.testing.assert_array_equal(part.entropy_BT[:, 1], -row_B)
+
+
+
 
   def test_skip_nonfinite_checks_the_new_state(self):
     def update_step(state, batch):  # finite loss and gradient, but the step overflows
@@ -257,6 +280,147 @@ class HelpersTest(absltest.TestCase):
     new, metrics = guarded(state, jnp.bool_(False))
     np.testing.assert_array_equal(new["w"], 2.0)
     self.assertEqual(float(metrics["skipped"]), 0.0)
+
+
+class ScoreStepTest(absltest.TestCase):
+
+  def test_keep_entropy_stores_the_entropy_of_pi_old(self):
+    cfg = transformer.Config.named("tiny", vocab=16, width=16, depth=1, heads=2, kv_heads=2,
+                                   head_dim=8, mlp=32)
+    graphdef, params = testing.random_params(cfg)
+    tokens_BT = jax.random.randint(jax.random.key(0), (2, 6), 0, 16)
+    batch = types.Batch(tokens_BT=tokens_BT, positions_BT=jnp.broadcast_to(jnp.arange(6), (2, 6)),
+                        input_mask_BT=jnp.ones((2, 6), bool),
+                        loss_mask_BT=jnp.ones((2, 6)).at[:, :3].set(0.0))
+    logp_BT, entropy_BT = policy_lib.token_logprobs(
+        nnx.merge(graphdef, params), batch.tokens_BT, batch.positions_BT, batch.input_mask_BT,
+        temperature=0.7, return_entropy=True, impl="xla")
+    kept, _ = loop.make_score_step(graphdef, temperature=0.7, logprob_impl="xla",
+                                   keep_entropy=True)(params, None, batch)
+    np.testing.assert_allclose(kept.entropy_BT, entropy_BT, rtol=1e-6)
+    np.testing.assert_allclose(kept.old_logp_BT, logp_BT, rtol=1e-6)
+    self.assertGreater(float(entropy_BT[:, 3:].min()), 0.0)
+    plain, _ = loop.make_score_step(graphdef, temperature=0.7, logprob_impl="xla")(
+        params, None, batch)
+    self.assertIsNone(plain.entropy_BT)
+
+
+def _trajectory(rng, n: int, reward: float) -> agent_loop.Trajectory:
+  """n tokens: a 3-token prompt, a sampled run, a 2-token observation, a sampled run."""
+  mask = np.ones(n, np.float32)
+  mask[:3] = 0.0
+  mask[n // 2:n // 2 + 2] = 0.0   # environment tokens: context, not actions
+  return agent_loop.Trajectory(
+      tokens=rng.integers(1, 32, n).astype(np.int32), loss_mask=mask,
+      turn=np.zeros(n, np.int32), sampler_logp=np.zeros(n, np.float32), turn_rewards=[reward],
+      reward=reward, done=True, truncated=False, prompt_len=3)
+
+
+def _pg_losses(graphdef, params, batch):
+  """{mode: -A·logp aggregated with mode}; "seq-mean" aggregates per-sequence sums [B]."""
+  logp_BT = policy_lib.token_logprobs(nnx.merge(graphdef, params), batch.tokens_BT,
+                                      batch.positions_BT, batch.input_mask_BT, impl="xla")
+  mask_BT = batch.loss_mask_BT
+  loss_BT = -batch.reward_B[:, None] * logp_BT
+  return {
+      "token-mean": aggregation.aggregate(loss_BT, mask_BT, "token-mean"),
+      "seq-mean-token-mean": aggregation.aggregate(loss_BT, mask_BT, "seq-mean-token-mean"),
+      "seq-mean-token-sum-norm": aggregation.aggregate(
+          loss_BT, mask_BT, "seq-mean-token-sum-norm", seq_norm_const=48.0),
+      "seq-mean": aggregation.aggregate((loss_BT * mask_BT).sum(-1), mask_BT.sum(-1) > 0,
+                                        "seq-mean")}
+
+
+class LengthBucketTest(absltest.TestCase):
+  """Power-of-two buckets and length-sorted minibatches cut padding only: every real token's
+  log-prob, and every loss over the same rows, is the fixed-length batch's (float32 rounding)."""
+
+  @classmethod
+  def setUpClass(cls):
+    super().setUpClass()
+    cfg = transformer.Config.named("tiny", vocab=32, width=16, depth=2, heads=2, kv_heads=1,
+                                   head_dim=8, mlp=32)
+    cls.graphdef, cls.params = nnx.split(transformer.Transformer(cfg, rngs=nnx.Rngs(0)))
+    rng = np.random.default_rng(0)
+    cls.lengths = [9, 40, 13, 21, 6, 33, 18, 11]
+    trajs = [_trajectory(rng, n, r) for n, r in zip(cls.lengths, rng.normal(size=8))]
+    cls.fixed = pack_lib.pack(trajs, max_len=96, pad_id=0, min_len=96)   # the old packing
+    cls.bucketed = pack_lib.pack(trajs, max_len=96, pad_id=0)
+    cls.logp = staticmethod(jax.jit(lambda p, b: policy_lib.token_logprobs(
+        nnx.merge(cls.graphdef, p), b.tokens_BT, b.positions_BT, b.input_mask_BT, impl="xla")))
+    cls.losses = staticmethod(jax.jit(functools.partial(_pg_losses, cls.graphdef)))
+
+  def test_bucketed_batch_scores_and_losses_match_the_fixed_length_batch(self):
+    self.assertEqual(self.fixed.tokens_BT.shape, (8, 96))
+    self.assertEqual(self.bucketed.tokens_BT.shape, (8, 64))      # longest row 40 -> 64
+    real_BT = np.asarray(self.bucketed.input_mask_BT)
+    np.testing.assert_allclose(np.asarray(self.logp(self.params, self.bucketed))[real_BT],
+                               np.asarray(self.logp(self.params, self.fixed))[:, :64][real_BT],
+                               rtol=1e-5, atol=1e-6)
+    fixed, bucketed = self.losses(self.params, self.fixed), self.losses(self.params,
+                                                                          self.bucketed)
+    for mode in fixed:
+      self.assertGreater(abs(float(fixed[mode])), 1e-3, mode)      # a loss that can differ
+      np.testing.assert_allclose(bucketed[mode], fixed[mode], rtol=1e-5, err_msg=mode)
+    grad = jax.jit(jax.grad(lambda p, b: _pg_losses(self.graphdef, p, b)["token-mean"]))
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6),
+                 grad(self.params, self.bucketed), grad(self.params, self.fixed))
+
+  def test_length_sorted_layout(self):
+    # Sorted: rows 4 (6), 0 (9), 7 (11), 2 (13) | 6 (18), 3 (21), 5 (33), 1 (40).
+    layout = pack_lib.length_sorted_layout(self.lengths, num=2, max_len=64)
+    self.assertEqual([(rows.tolist(), T) for rows, T in layout],
+                     [([0, 2, 4, 7], 16), ([1, 3, 5, 6], 64)])
+    four = pack_lib.length_sorted_layout(self.lengths, num=4, max_len=64, min_len=8)
+    self.assertEqual([T for _, T in four], [16, 16, 32, 64])
+    shuffled = pack_lib.length_sorted_layout(self.lengths, num=4, max_len=64, min_len=8,
+                                             seed=(3, 0))
+    self.assertCountEqual([(r.tolist(), T) for r, T in shuffled],
+                          [(r.tolist(), T) for r, T in four])
+    with self.assertRaisesRegex(ValueError, "num=3 minibatches must divide the batch size 8"):
+      pack_lib.length_sorted_layout(self.lengths, num=3, max_len=64)
+
+  def test_length_sorted_minibatches_keep_each_rows_values(self):
+    parts = loop.length_sorted_minibatches(self.bucketed, self.lengths, num=2)
+    self.assertEqual([p.tokens_BT.shape for p in parts], [(4, 16), (4, 64)])
+    real = sum(self.lengths)
+    pad = {"fixed": 1 - real / (8 * 96), "bucketed": 1 - real / (8 * 64),
+           "sorted": 1 - real / (4 * 16 + 4 * 64)}
+    self.assertLess(pad["sorted"], pad["bucketed"])
+    self.assertLess(pad["bucketed"], pad["fixed"])
+    fixed_logp_BT = np.asarray(self.logp(self.params, self.fixed))
+    for part, (rows, T) in zip(parts, pack_lib.length_sorted_layout(self.lengths, num=2,
+                                                                   max_len=64)):
+      same_rows = jax.tree.map(lambda x, r=rows: x[r], self.fixed)
+      np.testing.assert_array_equal(part.tokens_BT, same_rows.tokens_BT[:, :T])
+      np.testing.assert_array_equal(part.reward_B, same_rows.reward_B)
+      real_BT = np.asarray(part.input_mask_BT)
+      np.testing.assert_allclose(np.asarray(self.logp(self.params, part))[real_BT],
+                                 fixed_logp_BT[rows][:, :T][real_BT], rtol=1e-5, atol=1e-6)
+      got, want = self.losses(self.params, part), self.losses(self.params, same_rows)
+      for mode in want:
+        np.testing.assert_allclose(got[mode], want[mode], rtol=1e-5, err_msg=mode)
+
+  def test_run_sorts_minibatches_by_length_when_asked(self):
+    lengths_B = np.array([3, 30, 5, 20])
+    batch = types.Batch(tokens_BT=jnp.zeros((4, 32), jnp.int32),
+                        positions_BT=jnp.zeros((4, 32), jnp.int32),
+                        input_mask_BT=jnp.arange(32)[None] < lengths_B[:, None],
+                        loss_mask_BT=jnp.ones((4, 32)), reward_B=jnp.arange(4.0))
+    for sort, want in ((True, [(2, 16), (2, 32)]), (False, [(2, 32), (2, 32)])):
+      shapes = []
+
+      def update(state, minibatch, shapes=shapes):
+        shapes.append(minibatch.tokens_BT.shape)
+        return state, {"loss": 0.0, "grad_norm": 1.0}
+
+      loop.run(types.TrainState(step=jnp.int32(0), params={"w": jnp.zeros(1)}, opt_state=()),
+               rng=jax.random.key(0), total_steps=1, workdir=_tmpdir(self),
+               rollout_fn=lambda p, k, s: loop.Rollout(batch, {}, lengths_B=lengths_B),
+               score_fn=lambda p, b: (b, {}), advantage_fn=lambda b, e: (b, {}),
+               update_fn=update, num_minibatches=2, sort_by_length=sort, tensorboard=False,
+               console=False)
+      self.assertCountEqual(shapes, want)
 
 
 if __name__ == "__main__":

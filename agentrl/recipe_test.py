@@ -4,6 +4,9 @@ import tempfile
 
 from absl.testing import absltest
 from absl.testing import parameterized
+import jax
+import numpy as np
+
 from agentrl import configs
 from agentrl import recipe
 from agentrl import sharding
@@ -50,6 +53,9 @@ class ConfigTest(parameterized.TestCase):
        r"max_new_tokens \(16\) must be < config\.rollout\.max_len \(16\)"),
       ("scratch", lambda c: c.task.update(name="reasoning_gym"),
        r"config\.model\.init='scratch'"),
+      ("lora_targets", lambda c: c.lora.update(rank=8, targets="q,mlp"),
+       r"config\.lora: .*targets=\('q', 'mlp'\)"),
+      ("lora_alpha", lambda c: c.lora.update(rank=8, alpha=0.0), r"config\.lora: .*alpha=0\.0"),
   )
   def test_cross_key_checks_name_the_keys(self, edit, pattern):
     config = _config()
@@ -92,6 +98,21 @@ class TaskAndPolicyTest(absltest.TestCase):
     config.task.family, config.task.max_turns = "guess", 2
     tok2 = recipe.task_tokenizer(config.task)
     self.assertGreater(tok2.vocab_size, tok.vocab_size)
+
+
+  def test_lora_policy_and_its_reference(self):
+    config = _config(smoke=True)
+    config.lora.update(rank=4, targets="q, v")
+    recipe.validate(config, SCHEMA)
+    _, _, params = recipe.build_policy(config, sharding.make_mesh(config.mesh))
+    self.assertEqual(sorted(params["lora"].keys()), ["q_a_LDR", "q_b_LRHK", "v_a_LDR", "v_b_LRHK"])
+    self.assertEqual(params["lora"]["q_a_LDR"].get_value().shape, (2, 64, 4))
+    self.assertIsNone(recipe.reference_params(params))  # the score step uses the frozen base
+    base = params["base"]
+    copy = recipe.reference_params(base)  # no LoRA: a copy, since the update donates params
+    for a, b in zip(jax.tree.leaves(copy), jax.tree.leaves(base)):
+      self.assertIsNot(a, b)
+      np.testing.assert_array_equal(a, b)
 
 
 class HeldOutTest(absltest.TestCase):

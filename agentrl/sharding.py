@@ -24,6 +24,7 @@ from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 import jax.numpy as jnp
 
 from agentrl import types
+from agentrl.models import lora
 
 MESH_AXES = ("data", "fsdp", "tensor")
 ROWS = ("data", "fsdp")  # batch rows (and flattened tokens) are split over both
@@ -39,6 +40,7 @@ DEFAULT_RULES = (
     ("mlp", "tensor"),
     ("head_dim", None),
     ("layers", None),
+    ("lora_rank", None),  # LoRA adapters: sharded like their base matrix on its other axis
 )
 LOGICAL_AXES = tuple(name for name, _ in DEFAULT_RULES)
 
@@ -181,14 +183,20 @@ def create_sharded(new_fn, mesh: jax.sharding.Mesh, rules):
 def create_train_state(params, tx, mesh: jax.sharding.Mesh, rules):
   """`(TrainState, its shardings)`: the optimizer state is created sharded like `params`.
 
+  With LoRA params the optimizer state covers the adapters only (`lora.trainable`), and the
+  frozen base joins the state uncopied (the update step donates it along with the state).
+
   Pass the shardings to `jax.jit(update_step, in_shardings=(state_shardings, batch_sharding),
   out_shardings=(state_shardings, None), donate_argnums=0)`.
   """
   new_state = lambda p: types.TrainState(step=jnp.zeros((), jnp.int32), params=p,
-                                         opt_state=tx.init(p))
+                                         opt_state=tx.init(lora.trainable(p)))
   shardings = tree_shardings(jax.eval_shape(new_state, params), mesh, rules)
   with jax.set_mesh(mesh):
-    state = jax.jit(new_state, out_shardings=shardings)(params)
+    state = jax.jit(new_state, out_shardings=lora.trainable(shardings))(lora.trainable(params))
+  if lora.has_adapters(params):  # the frozen base is placed, not copied, into the state
+    placed = jax.device_put(params, shardings.params)
+    state = state.replace(params=lora.combine(placed, state.params))
   return state, shardings
 
 
@@ -200,7 +208,8 @@ def abstract_train_state(new_model, tx, mesh: jax.sharding.Mesh, rules):
   with jax.set_mesh(mesh), nnx.logical_axis_rules(complete_rules(rules)):
     def init():
       params = nnx.split(new_model())[1]
-      return types.TrainState(step=jnp.int32(0), params=params, opt_state=tx.init(params))
+      return types.TrainState(step=jnp.int32(0), params=params,
+                              opt_state=tx.init(lora.trainable(params)))
     abstract = jax.eval_shape(init)
   return abstract, tree_shardings(abstract, mesh, rules)
 

@@ -37,7 +37,6 @@ agentrl.recipe and agentrl.loop.
 from absl import app
 from flax import nnx
 import jax
-import jax.numpy as jnp
 import ml_collections as mlc
 import numpy as np
 
@@ -59,38 +58,50 @@ from agentrl.rollout import pack
 
 
 def get_config(arg: str | None = None) -> mlc.ConfigDict:
-  arg = configs.parse_arg(arg, preset="smollm2", smoke=False)
-  if arg.preset not in ("smollm2", "pod"):
-    raise configs.ConfigError(f"unknown agent preset {arg.preset!r}; use smollm2 (default), "
-                              "pod or smoke")
+  arg = configs.parse_arg(arg, preset="cpu", smoke=False)
+  if arg.preset not in ("cpu", "smollm2", "pod"):
+    raise configs.ConfigError(f"unknown agent preset {arg.preset!r}; use cpu (default), "
+                              "smollm2, pod or smoke")
   c = recipe.rl_config(arg.preset, smoke=arg.smoke)
-  del c["sft"]  # no SFT warm start for this task
   # family: one of hidden_rule.FAMILIES, or "mixed" (a family drawn per seed).
-  c.task = dict(name="hidden_rule", family="guess", max_turns=4, chat_template=True)
-  c.rollout.update(prompts_per_step=2, group_size=4, max_new_tokens=24, max_len=512)
-  # gamma discounts later turns' advantages; probe_len is the room left for the gold answer
+  # style: "compact" (short texts, for a scratch model) or "full" (hidden_rule.STYLES).
+  c.task = dict(name="hidden_rule", family="guess", max_turns=7, style="compact",
+                chat_template=False)
+  # demo_noise: the chance that a demonstrated guess is a random consistent one.
+  c.sft.update(target_success=0.15, demo_noise=0.3, eval_problems=200)
+  c.rollout.update(prompts_per_step=16, group_size=8, max_new_tokens=6, max_len=64)
+  # credit: "a2tgpo_igpo" (the module docstring) or "grpo" (outcome GRPO on every turn).
+  # gamma discounts later turns' advantages; probe_len is the room left for the gold action
   # after the history in the information-gain probes.
-  c.loss = dict(eps_low=0.2, eps_high=0.2, gamma=1.0, probe_len=16)
-  c.eval.update(num_problems=8, every=0)
-  if arg.preset == "pod":  # Qwen3-8B on fsdp=8 (recipe.rl_config); set model.path.
-    c.task.update(family="mixed", max_turns=8)
+  c.loss = dict(credit="a2tgpo_igpo", eps_low=0.2, eps_high=0.2, gamma=1.0, probe_len=16)
+  c.eval.update(num_problems=500, every=25)
+  if arg.preset == "smollm2":  # SmolLM2-135M-Instruct, a few CPU steps.
+    c.task.update(max_turns=4, style="full", chat_template=True)
+    c.rollout.update(prompts_per_step=2, group_size=4, max_new_tokens=24, max_len=512)
+    c.eval.update(num_problems=8, every=0)
+  elif arg.preset == "pod":  # Qwen3-8B on fsdp=8 (recipe.rl_config); set model.path.
+    c.task.update(family="mixed", max_turns=8, style="full", chat_template=True)
     c.rollout.update(prompts_per_step=128, group_size=8, max_new_tokens=256, max_len=4096)
     c.eval.update(num_problems=256, every=20)
   if arg.smoke:  # Run by tests/experiments_smoke_test.py; exercises the code path only.
-    c.task.update(max_turns=2, chat_template=False)
+    c.task.update(max_turns=2, style="compact", chat_template=False)
     c.model.update(init="scratch", variant="tiny")
-    c.rollout.update(prompts_per_step=2, group_size=2, max_new_tokens=8, max_len=256)
+    c.sft.update(eval_problems=4)
+    c.rollout.update(prompts_per_step=2, group_size=2, max_new_tokens=8, max_len=64)
     c.eval.num_problems = 2
   return c
 
 
 SCHEMA = {
-    **{k: v for k, v in recipe.RL_SCHEMA.items() if not k.startswith(("sft.", "task."))},
+    **{k: v for k, v in recipe.RL_SCHEMA.items() if not k.startswith("task.")},
     "task.name": configs.Key(str, choices=("hidden_rule",)),
     "task.family": configs.Key(str, choices=("mixed",) + hidden_rule.FAMILIES),
     "task.max_turns": configs.Key(int, min=2),
+    "task.style": configs.Key(str, choices=hidden_rule.STYLES),
     "task.chat_template": configs.Key(bool),
+    "sft.demo_noise": configs.Key(float, min=0.0, max=1.0),
     "rollout.group_size": configs.Key(int, min=2, why="for turn-group normalization"),
+    "loss.credit": configs.Key(str, choices=("a2tgpo_igpo", "grpo")),
     "loss.eps_low": configs.Key(float, min=0.0, max=1.0),
     "loss.eps_high": configs.Key(float, min=0.0),
     "loss.gamma": configs.Key(float, min=0.0, max=1.0),
@@ -118,8 +129,14 @@ def make_update_step(config, graphdef, tx):
 
 
 def make_advantage_fn(config):
-  """IGPO turn rewards -> A2TGPO turn-group z-scores -> rescaled returns -> tokens."""
+  """(batch, extras) -> (batch with adv_BT, metrics), for config.loss.credit.
+
+  a2tgpo_igpo: IGPO turn rewards -> A2TGPO turn-group z-scores -> rescaled returns -> tokens;
+  grpo: the outcome's group z-score on every policy token (`advantages.grpo_step`).
+  """
   G, gamma = config.rollout.group_size, config.loss.gamma
+  if config.loss.credit == "grpo":
+    return advantages.grpo_step(G)
 
   def advantage_fn(batch: types.Batch, extras):
     mask_BU = extras["turn_mask_BU"]
@@ -187,21 +204,22 @@ def make_rollout_fn(config, engine, tok, make_env, data, mesh, probe_step):
         engine, params, tok, make_env, seeds, group_size=rc.group_size, rng=rng, max_turns=U,
         max_new_tokens=rc.max_new_tokens, max_len=rc.max_len, temperature=rc.temperature,
         chat_template=tc.chat_template)
-    trajs = groups.trajectories
-    golds = []
-    for seed in seeds:
-      env = make_env()
-      env.reset(seed)
-      golds += [np.asarray(tok.encode(env.answer), np.int32)] * rc.group_size
-    probe_len = rc.max_len + config.loss.probe_len
-    tokens, positions, input_mask, mask, turn_mask = probe_batch(
-        trajs, golds, max_turns=U, length=probe_len, pad_id=tok.pad_id)
-    rows = sharding.batch_sharding(mesh)
-    logp_N = probe_step(params, *jax.device_put((tokens, positions, input_mask, mask), rows))
-    extras = {"answer_logp_BU": logp_N.reshape(len(trajs), U),
-              "answer_len_B": jax.device_put(np.asarray([len(g) for g in golds], np.float32),
-                                             rows),
-              "turn_mask_BU": jax.device_put(turn_mask, rows)}
+    trajs, rows = groups.trajectories, sharding.batch_sharding(mesh)
+    extras = {}
+    if config.loss.credit == "a2tgpo_igpo":
+      golds = []
+      for seed in seeds:
+        env = make_env()
+        env.reset(seed)
+        golds += [np.asarray(tok.encode(env.gold_action), np.int32)] * rc.group_size
+      probe_len = rc.max_len + config.loss.probe_len
+      tokens, positions, input_mask, mask, turn_mask = probe_batch(
+          trajs, golds, max_turns=U, length=probe_len, pad_id=tok.pad_id)
+      logp_N = probe_step(params, *jax.device_put((tokens, positions, input_mask, mask), rows))
+      extras = {"answer_logp_BU": logp_N.reshape(len(trajs), U),
+                "answer_len_B": jax.device_put(np.asarray([len(g) for g in golds], np.float32),
+                                               rows),
+                "turn_mask_BU": jax.device_put(turn_mask, rows)}
     batch = pack.pack(trajs, max_len=rc.max_len, pad_id=tok.pad_id, min_len=rc.max_len,
                       sharding=rows)
     host = {**groups.metrics, **loop.rollout_metrics(trajs), **loop.batch_metrics(trajs, batch)}
@@ -220,9 +238,13 @@ def train(config: mlc.ConfigDict, workdir: str) -> dict:
   rc, mesh = config.rollout, sharding.make_mesh(config.mesh)
   make_env = recipe.make_task(config.task)
 
-  # ---- Policy (no warm start), frozen reference (for the logged kl), optimizer.
+  # ---- Policy, warm-started (a scratch model: SFT on demonstrations, its validation success
+  # measured with the rollout engine), frozen reference (for the logged kl), optimizer.
   tok, graphdef, params = recipe.build_policy(config, mesh)
-  ref_params = jax.tree.map(jnp.copy, params)  # the update donates params; the anchor stays
+  engine = recipe.rollout_engine(config, graphdef, tok)
+  params, sft_info = recipe.warm_start(config, workdir, mesh, graphdef, params, tok,
+                                       engine=engine)
+  ref_params = recipe.reference_params(params)  # a copy; None: LoRA's frozen base
   tx = recipe.make_optimizer(config.optim)
   state, state_shardings = sharding.create_train_state(params, tx, mesh, config.sharding_rules)
 
@@ -235,7 +257,6 @@ def train(config: mlc.ConfigDict, workdir: str) -> dict:
   probe_step = jax.jit(make_probe_step(graphdef, logprob_impl=impl))
 
   # ---- Rollout (with the information-gain probes), data and held-out evaluation.
-  engine = recipe.rollout_engine(config, graphdef, tok)
   data = recipe.prompt_stream(make_env)
 
   # ---- The RL loop.
@@ -246,7 +267,8 @@ def train(config: mlc.ConfigDict, workdir: str) -> dict:
         score_fn=lambda params, batch: score_step(params, ref_params, batch),
         advantage_fn=jax.jit(make_advantage_fn(config)), update_fn=update_step, data=data,
         evaluate=recipe.evaluator(config, engine, tok, make_env), **recipe.loop_options(config))
-  return rundir.write_summary(workdir, result, name="A2TGPO", start=start)
+  name = {"a2tgpo_igpo": "A2TGPO", "grpo": "GRPO (multi-turn)"}[config.loss.credit]
+  return rundir.write_summary(workdir, result, name=name, start=start, sft_info=sft_info)
 
 
 def main(argv):

@@ -18,7 +18,6 @@ and no KL term.
 from absl import app
 from flax import nnx
 import jax
-import jax.numpy as jnp
 import ml_collections as mlc
 
 from agentrl import advantages
@@ -116,13 +115,14 @@ def make_rollout_fn(config, engine, tok, make_env, data, mesh):
         break
     chosen = (kept + spare)[:rc.prompts_per_step]
     trajs = [t for group in chosen for t in group]
-    batch = pack.pack(trajs, max_len=rc.max_len, pad_id=tok.pad_id, min_len=rc.max_len,
+    batch = pack.pack(trajs, max_len=rc.max_len, pad_id=tok.pad_id,
+                      min_len=min(rc.min_len, rc.max_len), per_octave=rc.buckets_per_octave,
                       sharding=sharding.batch_sharding(mesh))
     # reward/success describe the policy, so they average every sampled trajectory.
     host = {**loop.rollout_metrics(sampled), **loop.batch_metrics(trajs, batch),
             "dapo/gen_batches": float(attempt + 1),
             "dapo/informative_groups": float(min(len(kept), rc.prompts_per_step))}
-    return loop.Rollout(batch=batch, metrics=host)
+    return loop.Rollout(batch=batch, metrics=host, lengths_B=loop.row_lengths(trajs, batch))
 
   return rollout_fn
 
@@ -140,7 +140,7 @@ def train(config: mlc.ConfigDict, workdir: str) -> dict:
   # ---- Policy (warm-started), frozen reference, optimizer.
   tok, graphdef, params = recipe.build_policy(config, mesh)
   params, sft_info = recipe.warm_start(config, workdir, mesh, graphdef, params, tok)
-  ref_params = jax.tree.map(jnp.copy, params)  # the update donates params; the anchor stays
+  ref_params = recipe.reference_params(params)  # a copy; None: LoRA's frozen base
   tx = recipe.make_optimizer(config.optim)
   state, state_shardings = sharding.create_train_state(params, tx, mesh, config.sharding_rules)
 

@@ -22,7 +22,8 @@ transformers-loadable directory (config.json, model.safetensors, generation_conf
 stop ids, a tokenizer that encodes exactly as ours, BOS included) and prints what it wrote, and
 `--config.model_path=DIR` (an HF directory or a .gguf) evaluates those weights, in the run's
 dtype, instead of a checkpoint of run_dir; run_dir still supplies the task and rollout lengths,
-and its tokenizer when DIR has none. An export evaluates exactly as its checkpoint.
+and its tokenizer when DIR has none. An export evaluates exactly as its checkpoint. A LoRA run
+(`lora.rank` > 0) is evaluated and exported merged: W + (alpha / rank) A B in each projection.
 
   python -m experiments.eval --config.export_hf=runs/grpo_hf      # checkpoint -> HF dir
   python -m experiments.eval --config.model_path=runs/grpo_hf     # evaluate the HF dir
@@ -54,6 +55,7 @@ from agentrl import rundir
 from agentrl import sharding
 from agentrl.models import hf
 from agentrl.models import hf_tokenizer
+from agentrl.models import lora
 from agentrl.models import tokenizer as tokenizer_lib
 from agentrl.models import transformer
 
@@ -123,7 +125,19 @@ def validate(config) -> None:
 
 
 def load_params(run_dir: str, step: str, params):
-  """The policy params of checkpoint `step` of the run in `run_dir`, and the step restored."""
+  """The policy params of checkpoint `step` of the run in `run_dir`, and the step restored.
+
+  A LoRA run's checkpoints hold its adapters only: they are read onto the frozen base, the
+  run's SFT warm start if it had one (else the pretrained weights `params` hold).
+  """
+  if lora.has_adapters(params) and step == "warm_start":
+    base, step = load_params(run_dir, step, params["base"])
+    return lora.with_base(params, base), step
+  if lora.has_adapters(params):
+    if checkpoint.saved_steps(os.path.join(run_dir, "warm_start")):
+      params, _ = load_params(run_dir, "warm_start", params)
+    trained, step = load_params(run_dir, step, lora.trainable(params))
+    return lora.combine(params, trained), step
   if step == "warm_start":
     directory, path = os.path.join(run_dir, "warm_start"), ("params",)
   else:
@@ -188,6 +202,8 @@ def train(config: mlc.ConfigDict, workdir: str) -> dict:
     step = f"hf:{config.model_path}"
   else:
     params, step = load_params(config.run_dir, config.step, params)
+  if lora.has_adapters(params):  # evaluated and exported with W + (alpha / rank) A B folded in
+    graphdef, params = lora.merge(graphdef, params)
   if config.export_hf:
     export(nnx.merge(graphdef, params).cfg, params, tok, config.export_hf, step)
   engine = recipe.rollout_engine(run_config, graphdef, tok)

@@ -84,7 +84,7 @@ def train(config: mlc.ConfigDict, workdir: str) -> dict:
   # ---- Policy (warm-started), frozen reference, optimizer.
   tok, graphdef, params = recipe.build_policy(config, mesh)
   params, sft_info = recipe.warm_start(config, workdir, mesh, graphdef, params, tok)
-  ref_params = jax.tree.map(jnp.copy, params)  # the update donates params; the anchor stays
+  ref_params = recipe.reference_params(params)  # a copy; None: LoRA's frozen base
   tx = recipe.make_optimizer(config.optim)
   state, state_shardings = sharding.create_train_state(params, tx, mesh, config.sharding_rules)
 

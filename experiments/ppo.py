@@ -161,7 +161,7 @@ def train(config: mlc.ConfigDict, workdir: str) -> dict:
   tok, policy_def, policy_params = recipe.build_policy(config, mesh)
   policy_params, sft_info = recipe.warm_start(config, workdir, mesh, policy_def, policy_params,
                                               tok)
-  ref_params = jax.tree.map(jnp.copy, policy_params)  # the update donates params
+  ref_params = recipe.reference_params(policy_params)  # None: LoRA's base
   width = nnx.merge(policy_def, policy_params).cfg.width
   head_def, head_params = sharding.create_sharded(lambda: heads.ValueHead(width), mesh, rules)
   tx = make_optimizer(config)

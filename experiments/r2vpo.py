@@ -127,7 +127,7 @@ def init_state(config, params, tx, mesh) -> tuple[State, State]:
   """(State, its shardings): the TrainState plus lambda and an empty replay batch."""
   base, base_shardings = sharding.create_train_state(params, tx, mesh, config.sharding_rules)
   B = config.rollout.prompts_per_step * config.rollout.group_size
-  T = config.rollout.max_len  # recipe.group_rollout_fn packs rollouts to exactly max_len
+  T = config.rollout.max_len  # train() packs rollouts to exactly max_len (min_len=max_len)
   rows = sharding.batch_sharding(mesh)
   replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
   replay = types.Batch(**{k: jax.device_put(jnp.zeros((B, T), dtype), rows)
@@ -147,6 +147,9 @@ def init_state(config, params, tx, mesh) -> tuple[State, State]:
 def train(config: mlc.ConfigDict, workdir: str) -> dict:
   """R2VPO end to end; returns the summary written to <workdir>/summary.json."""
   recipe.validate(config, SCHEMA)
+  configs.require(not config.updates.sort_by_length,
+                  "config.updates.sort_by_length must be False for R2VPO: its replay batch in "
+                  "the state has one shape [B, rollout.max_len]")
   start = rundir.write_config(config, workdir)
   rc, mesh = config.rollout, sharding.make_mesh(config.mesh)
   make_env = recipe.make_task(config.task)
@@ -154,7 +157,7 @@ def train(config: mlc.ConfigDict, workdir: str) -> dict:
   # ---- Policy (warm-started), frozen reference, optimizer; lambda and replay in the state.
   tok, graphdef, params = recipe.build_policy(config, mesh)
   params, sft_info = recipe.warm_start(config, workdir, mesh, graphdef, params, tok)
-  ref_params = jax.tree.map(jnp.copy, params)  # the update donates params; the anchor stays
+  ref_params = recipe.reference_params(params)  # a copy; None: LoRA's frozen base
   tx = recipe.make_optimizer(config.optim)
   state, state_shardings = init_state(config, params, tx, mesh)
 
@@ -173,7 +176,8 @@ def train(config: mlc.ConfigDict, workdir: str) -> dict:
   with jax.set_mesh(mesh):
     result = loop.run(
         state, rng=jax.random.key(config.seed), total_steps=config.total_steps, workdir=workdir,
-        rollout_fn=recipe.group_rollout_fn(config, engine, tok, make_env, data, mesh),
+        rollout_fn=recipe.group_rollout_fn(config, engine, tok, make_env, data, mesh,
+                                           min_len=rc.max_len),  # replay: one T
         score_fn=lambda params, batch: score_step(params, ref_params, batch),
         advantage_fn=jax.jit(make_advantage_fn(config)), update_fn=update_step, data=data,
         evaluate=recipe.evaluator(config, engine, tok, make_env), **recipe.loop_options(config))

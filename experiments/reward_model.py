@@ -21,7 +21,6 @@ import random
 from absl import app
 from flax import nnx
 import jax
-import jax.numpy as jnp
 import ml_collections as mlc
 import numpy as np
 import optax
@@ -209,7 +208,7 @@ def train(config: mlc.ConfigDict, workdir: str) -> dict:
   tok, graphdef, params = recipe.build_policy(config, mesh)
   params, sft_info = recipe.warm_start(config, workdir, mesh, graphdef, params, tok)
   rm_graphdef, rm_params, _ = train_reward_model(config, workdir, mesh, tok)
-  ref_params = jax.tree.map(jnp.copy, params)  # the update donates params; the anchor stays
+  ref_params = recipe.reference_params(params)  # a copy; None: LoRA's frozen base
   tx = recipe.make_optimizer(config.optim)
   state, state_shardings = sharding.create_train_state(params, tx, mesh, config.sharding_rules)
 

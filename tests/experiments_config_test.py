@@ -11,7 +11,9 @@ from agentrl import configs
 from agentrl import recipe
 
 RL_EXPERIMENTS = ("grpo", "dr_grpo", "dapo", "gspo", "ctpo", "holder_po", "rloo", "remax",
-                  "reinforce_pp", "gmpo", "cispo", "ppo", "r2vpo", "agent", "reward_model")
+                  "reinforce_pp", "gmpo", "cispo", "ppo", "r2vpo", "agent", "reward_model",
+                  "hapo", "copo", "d3s", "etr", "riskpo", "arm", "fapo", "delta", "ttrl", "empo",
+                  "kto", "hapo_length", "brpo", "hbpo", "decs", "eapo", "tppo", "delethink")
 
 
 def _module(name):
@@ -115,6 +117,47 @@ class BadValueTest(parameterized.TestCase):
     config.task.name = "reasoning_gym"
     with self.assertRaisesRegex(configs.ConfigError, r"config\.model\.init='scratch'"):
       recipe.validate(config, grpo.SCHEMA)
+
+
+class SelectionAndShapingExperimentsTest(absltest.TestCase):
+  """The cross-key checks of experiments/{d3s,riskpo,delta}.py and FAPO's flaw rule."""
+
+  def test_cross_key_checks_fail_before_anything_is_built(self):
+    d3s = _module("d3s")
+    config = d3s.get_config()
+    self.assertEqual(config.loss.keep_samples, 4)  # G / 2
+    config.loss.keep_samples = 9
+    with self.assertRaisesRegex(configs.ConfigError,
+                                r"config\.loss\.keep_samples \(9\) must be <= "
+                                r"config\.rollout\.group_size \(8\)"):
+      d3s.train(config, "/nonexistent/d3s")
+    riskpo = _module("riskpo")
+    self.assertEqual(riskpo.get_config().rollout.prompts_per_step, 65)  # whole bundles of 5
+    self.assertEqual(riskpo.get_config("pod").rollout.prompts_per_step, 260)
+    self.assertEqual(riskpo.get_config("smoke").loss.bundle_size, 2)  # its 2 prompts
+    config = riskpo.get_config()
+    config.rollout.prompts_per_step = 64
+    with self.assertRaisesRegex(configs.ConfigError,
+                                r"config\.loss\.bundle_size \(5\) must divide "
+                                r"rollout\.prompts_per_step \(64\)"):
+      riskpo.train(config, "/nonexistent/riskpo")
+    delta = _module("delta")
+    config = delta.get_config()
+    config.loss.w_min = 1.5
+    with self.assertRaisesRegex(configs.ConfigError, r"config\.loss\.w_min \(1\.5\) must be <="):
+      delta.train(config, "/nonexistent/delta")
+
+  def test_fapo_flaw_rule(self):
+    # Hand-computed: 123 + 456 = 579, written reversed at width 4 as "9750".
+    judge = _module("fapo").judge
+    self.assertEqual(judge("9750", "9750"), (True, False))   # exact: a full positive
+    self.assertEqual(judge(" 9750\n", "9750"), (True, False))
+    self.assertEqual(judge("975", "9750"), (True, True))     # right number, carry digit missing
+    self.assertEqual(judge("97500", "9750"), (True, True))   # right number, extra padding
+    self.assertEqual(judge("9751", "9750"), (False, False))  # wrong number
+    self.assertEqual(judge("", "9750"), (False, False))
+    self.assertEqual(judge("97a0", "9750"), (False, False))
+    self.assertEqual(judge("\u0669750", "9750"), (False, False))  # non-ASCII digit
 
 
 class EvalTest(absltest.TestCase):

@@ -29,6 +29,7 @@ import jax
 import numpy as np
 import optax
 
+from agentrl import checkpoint
 from agentrl import compare
 from agentrl import configs
 from agentrl import metrics
@@ -36,12 +37,15 @@ from agentrl import recipe
 from agentrl import rundir
 from agentrl import sharding
 from agentrl.losses import schedules
+from agentrl.models import hf
 from agentrl.models import presets
 from agentrl.models import transformer
 
 # Experiments whose smoke run goes through agentrl.loop (metrics.jsonl per RL step).
 RL_EXPERIMENTS = ("grpo", "dr_grpo", "dapo", "gspo", "ctpo", "holder_po", "rloo", "remax",
-                  "reinforce_pp", "gmpo", "cispo", "ppo", "r2vpo", "agent", "reward_model")
+                  "reinforce_pp", "gmpo", "cispo", "ppo", "r2vpo", "agent", "reward_model",
+                  "hapo", "copo", "d3s", "etr", "riskpo", "arm", "fapo", "delta", "ttrl", "empo",
+                  "kto", "hapo_length", "brpo", "hbpo", "decs", "eapo", "tppo", "delethink")
 _CACHE = tempfile.mkdtemp(prefix="agentrl_xla_cache_")
 atexit.register(shutil.rmtree, _CACHE, ignore_errors=True)
 jax.config.update("jax_compilation_cache_dir", _CACHE)
@@ -216,6 +220,30 @@ class SmokeTest(parameterized.TestCase):
     self.assertEqual(summary["steps"], 2)
     self.assertTrue(os.listdir(os.path.join(workdir, "ckpt")))
 
+  def test_grpo_with_lora_saves_adapters_and_exports_merged(self):
+    # The adapters' math (step 0 = base, merged = adapter forward, frozen base, resume) is
+    # tested in agentrl/models/lora_test.py; here, that the shared blocks carry it end to end.
+    grpo, evaluation = (importlib.import_module(f"experiments.{n}") for n in ("grpo", "eval"))
+    config = grpo.get_config("smoke")
+    config.lora.rank = 4
+    run_dir = _tmpdir(self)
+    grpo.train(config, run_dir)
+    records = metrics.read_jsonl(os.path.join(run_dir, metrics.JSONL))
+    self.assertEqual([r["step"] for r in records], [0, 1, 2])
+    # Checkpoints hold the adapters (and their optimizer state), not the frozen base ...
+    with self.assertRaisesRegex(KeyError, "state.params.base"):
+      checkpoint.read_subtree(os.path.join(run_dir, "ckpt"), ("state", "params", "base"), {},
+                              step=2)
+    # ... which evaluation reads onto the SFT base, exporting W + (alpha / rank) A B.
+    export_dir = os.path.join(_tmpdir(self), "hf")
+    eval_config = evaluation.get_config("smoke")
+    eval_config.run_dir, eval_config.export_hf = run_dir, export_dir
+    result = evaluation.train(eval_config, _tmpdir(self))
+    self.assertEqual(result["step"], "2")
+    _, exported = hf.load(export_dir, dtype="float32")  # a plain Transformer's weights
+    self.assertEqual(sorted(nnx.to_pure_dict(exported)),
+                     ["embedding_VD", "final_norm_D", "layers"])
+
 
   def test_eval_smoke_preset(self):
     evaluation = importlib.import_module("experiments.eval")
@@ -289,8 +317,25 @@ class RealScaleTest(parameterized.TestCase):
     with self.assertRaisesRegex(configs.ConfigError, "unknown reward_model preset 'pod'"):
       rm.get_config("pod")
 
+  def test_fapo_has_no_pod_preset(self):
+    # Its flaw detector is a rule of the arithmetic task's answer format.
+    fapo = importlib.import_module("experiments.fapo")
+    for preset in ("pod", "smollm2"):
+      with self.assertRaisesRegex(configs.ConfigError, f"unknown fapo preset '{preset}'"):
+        fapo.get_config(preset)
+
+  @parameterized.parameters(("hapo_length",), ("brpo",), ("decs",))
+  def test_verbose_task_methods_reject_reasoning_gym_presets(self, name):
+    # HAPO's history needs repeated prompts, BRPO a thinking format, DECS the filler detector:
+    # all three are the verbose arithmetic task's.
+    module = importlib.import_module(f"experiments.{name}")
+    for preset in ("pod", "smollm2"):
+      with self.assertRaisesRegex(configs.ConfigError, f"^unknown {name} preset '{preset}'"):
+        module.get_config(preset)
+
   @parameterized.parameters(*[(name,) for name in RL_EXPERIMENTS
-                              if name not in ("grpo", "agent", "reward_model")])
+                              if name not in ("grpo", "agent", "reward_model", "fapo",
+                                              "hapo_length", "brpo", "decs")])
   def test_family_pod_presets_validate(self, name):
     # Every RL binary takes recipe.rl_config's presets; each must accept the pod preset under
     # its own schema (its real-scale run fails up front otherwise, not after loading 8B).

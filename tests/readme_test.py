@@ -12,7 +12,8 @@ from absl.testing import absltest
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
 # Modules whose public functions the objective tables list.
-MODULES = ("agentrl.advantages", "agentrl.losses.aggregation", "agentrl.losses.kl",
+MODULES = ("agentrl.advantages", "agentrl.losses.aggregation", "agentrl.losses.distill",
+           "agentrl.losses.kl",
            "agentrl.losses.policy", "agentrl.losses.preference", "agentrl.losses.ratios",
            "agentrl.losses.regularizers", "agentrl.losses.schedules", "agentrl.losses.value",
            "agentrl.credit.igpo", "agentrl.credit.siop", "agentrl.credit.infopo",

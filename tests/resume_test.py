@@ -1,11 +1,13 @@
-"""A GRPO run killed with SIGKILL and restarted reproduces the uninterrupted run exactly.
+"""A run killed with SIGKILL and restarted reproduces the uninterrupted run exactly.
 
 Three real processes of `python -m experiments.grpo` (smoke preset, more steps): one runs to
 the end; one is SIGKILLed mid-run, after a few checkpoints, and is then started again with the
 same --workdir. The resumed run must restore params, optimizer state, RNG and data position
 and write a metrics.jsonl equal to the uninterrupted one (timing fields aside). The processes
 share a persistent compilation cache and the SFT warm start, so only the first one pays for
-compiling and SFT. About a minute on 2 cores.
+compiling and SFT. About a minute on 2 cores. The same for the multi-turn agent
+(`experiments.agent`, smoke preset: demonstrations warm start, engine rollouts over several
+turns, information-gain probes), with fewer steps.
 """
 import os
 import shutil
@@ -16,24 +18,30 @@ import tempfile
 import time
 
 from absl.testing import absltest
+from absl.testing import parameterized
 
 from agentrl import loop
 from agentrl import metrics
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-STEPS, SAVE_EVERY, KILL_AFTER = 30, 5, 12
+# experiment -> (steps, save_every, kill after this many logged steps, config flags).
+RUNS = {
+    # A short SFT (to ~10% success) and 8 prompts x 4 samples make rewards, and so gradients,
+    # non-zero: a resume that lost the params or optimizer state would show in the records.
+    "grpo": (30, 5, 12, ["--config.sft.steps_max=600", "--config.sft.target_success=0.1",
+                         "--config.sft.batch_size=64", "--config.sft.eval_every=25",
+                         "--config.sft.eval_problems=128", "--config.rollout.prompts_per_step=8",
+                         "--config.rollout.group_size=4"]),
+    # The information-gain turn rewards make gradients non-zero even where every outcome is 0.
+    "agent": (10, 2, 4, ["--config.rollout.prompts_per_step=4"]),
+}
 
 
-def _command(workdir: str) -> list[str]:
-  # A short SFT (to ~10% success) and 8 prompts x 4 samples make rewards, and so gradients,
-  # non-zero: a resume that lost the params or optimizer state would show in the records.
-  return [sys.executable, "-m", "experiments.grpo", "--config=experiments/grpo.py:smoke",
-          f"--config.total_steps={STEPS}", f"--config.log.save_every={SAVE_EVERY}",
-          "--config.sft.steps_max=600", "--config.sft.target_success=0.1",
-          "--config.sft.batch_size=64", "--config.sft.eval_every=25",
-          "--config.sft.eval_problems=128", "--config.rollout.prompts_per_step=8",
-          "--config.rollout.group_size=4", "--config.log.tensorboard=False",
-          f"--workdir={workdir}"]
+def _command(name: str, workdir: str) -> list[str]:
+  steps, save_every, _, flags = RUNS[name]
+  return [sys.executable, "-m", f"experiments.{name}", f"--config=experiments/{name}.py:smoke",
+          f"--config.total_steps={steps}", f"--config.log.save_every={save_every}", *flags,
+          "--config.log.tensorboard=False", f"--workdir={workdir}"]
 
 
 def _env(cache: str) -> dict[str, str]:
@@ -54,33 +62,35 @@ def _reproducible(workdir: str) -> list[dict]:
   return [{k: v for k, v in r.items() if k not in loop.TIMING_KEYS} for r in records]
 
 
-class ResumeAfterSigkillTest(absltest.TestCase):
+class ResumeAfterSigkillTest(parameterized.TestCase):
 
-  def test_killed_and_resumed_run_matches_uninterrupted_run(self):
+  @parameterized.parameters("grpo", "agent")
+  def test_killed_and_resumed_run_matches_uninterrupted_run(self, name):
+    steps, _, kill_after, _ = RUNS[name]
     base = tempfile.mkdtemp()
     self.addCleanup(shutil.rmtree, base, ignore_errors=True)
     cache, full, killed = (os.path.join(base, d) for d in ("cache", "full", "killed"))
     env = _env(cache)
-    subprocess.run(_command(full), cwd=ROOT, env=env, check=True, capture_output=True)
+    subprocess.run(_command(name, full), cwd=ROOT, env=env, check=True, capture_output=True)
     records = _reproducible(full)
-    self.assertLen(records, STEPS + 1)  # step 0: the baseline evaluation
-    self.assertGreater(sum(r.get("grad_norm", 0) > 0 for r in records), STEPS // 4)
+    self.assertLen(records, steps + 1)  # step 0: the baseline evaluation
+    self.assertGreater(sum(r.get("grad_norm", 0) > 0 for r in records), steps // 4)
 
     # The SFT warm start is cached in the workdir; reuse it, the test is about the RL loop.
     shutil.copytree(os.path.join(full, "warm_start"), os.path.join(killed, "warm_start"))
-    proc = subprocess.Popen(_command(killed), cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+    proc = subprocess.Popen(_command(name, killed), cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
     deadline = time.time() + 300
-    while _steps_logged(killed) < KILL_AFTER and proc.poll() is None and time.time() < deadline:
+    while _steps_logged(killed) < kill_after and proc.poll() is None and time.time() < deadline:
       time.sleep(0.01)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     self.assertEqual(proc.returncode, -signal.SIGKILL, "the run ended before it was killed")
     logged = _steps_logged(killed)
-    self.assertGreaterEqual(logged, KILL_AFTER)
-    self.assertLess(logged, STEPS)
+    self.assertGreaterEqual(logged, kill_after)
+    self.assertLess(logged, steps)
 
-    resumed = subprocess.run(_command(killed), cwd=ROOT, env=env, check=True,
+    resumed = subprocess.run(_command(name, killed), cwd=ROOT, env=env, check=True,
                              capture_output=True, text=True)
     self.assertIn("Resumed from", resumed.stdout)
     self.assertEqual(_reproducible(killed), _reproducible(full))

@@ -15,11 +15,23 @@ Families (`family=`, or "mixed" to draw one per seed):
               examples; `test X` says whether X follows it (candidates may not be tested);
               `answer X` picks the single candidate that follows it.
 
+Styles (`style=`): "full" (the texts above, for instruction-tuned models) or "compact"
+(a one-line task and terse replies such as "higher" or "f(3)=20", for tiny from-scratch
+models whose cost grows with the transcript's length); the games are the same.
+
 Actions: the command is read from <action>...</action> if present, else from the last
 non-empty line of the model's text; only the text's last `extract.MAX_TEXT_CHARS` characters
 are read, in linear time. Rewards: 1.0 on solving (episode ends), 0.0 for a wrong
 final answer (episode ends; wrong guesses in `guess` do not end it), `invalid_penalty` (<= 0)
 for a turn whose command cannot be parsed or is not allowed, 0.0 otherwise.
+
+`demonstration(seed, rng, noise=...)` is a scripted expert's actions for the episode of
+`seed`, the supervised warm start's data for a from-scratch policy (agentrl/sft.py): it knows
+the secret and plays as a player who reads the feedback would (binary search in `guess`;
+three queries, then the answer, in `transform`; three encodings, then the decoded word, in
+`cipher`; two tests, then the answer, in `category`). With probability `noise` each exploring
+action is a random allowed one instead (in `guess`: a random number still consistent with the
+feedback), so the data are not one fixed script.
 """
 from collections.abc import Callable
 import dataclasses
@@ -30,6 +42,7 @@ from agentrl.envs import base
 from agentrl.rewards import extract
 
 FAMILIES = ("transform", "guess", "cipher", "category")
+STYLES = ("full", "compact")
 SYSTEM_PROMPT = (
     "You are playing a game with a hidden rule. Explore with the commands described in the "
     "task, use the feedback to infer the rule, then give your answer. End every reply with "
@@ -43,7 +56,21 @@ class _Game:
   verb: str                             # the exploration command
   explore: Callable[[str], tuple[str, bool]]   # argument -> (feedback, solved); ValueError
   answer: str                           # gold, as shown after a failed episode
+  # (rng, noise, max_turns) -> the scripted expert's actions (see the module docstring).
+  expert: Callable[[random.Random, float, int], list[str]]
   ends_on_answer: bool = True           # False for `guess`, whose verb is also the answer
+
+
+def _explore_then_answer(script: list[str], answer: str,
+                         random_action: Callable[[random.Random], str]):
+  """An expert that runs `script` (each action replaced by random_action with probability
+  `noise`), cut to leave one turn, then answers."""
+
+  def expert(rng: random.Random, noise: float, max_turns: int) -> list[str]:
+    actions = [random_action(rng) if rng.random() < noise else a for a in script]
+    return actions[:max_turns - 1] + [f"answer {answer}"]
+
+  return expert
 
 
 def _int_arg(arg: str, lo: int, hi: int) -> int:
@@ -55,7 +82,7 @@ def _int_arg(arg: str, lo: int, hi: int) -> int:
   return x
 
 
-def _transform(rng: random.Random) -> _Game:
+def _transform(rng: random.Random, compact: bool) -> _Game:
   a, b, target = rng.randint(2, 9), rng.randint(-20, 20), rng.randint(20, 99)
   quadratic = rng.random() < 0.5
   f = (lambda x: a * x * x + b) if quadratic else (lambda x: a * x + b)
@@ -64,29 +91,45 @@ def _transform(rng: random.Random) -> _Game:
     x = _int_arg(arg, -100, 100)
     if x == target:
       raise ValueError(f"you may not query the target input {target}")
-    return f"f({x}) = {f(x)}", False
+    return (f"f({x})={f(x)}" if compact else f"f({x}) = {f(x)}"), False
 
-  intro = (f"A secret function f maps integers to integers. What is f({target})?\n"
+  intro = (f"f({target})=? query X: f(X); answer Y" if compact else
+           f"A secret function f maps integers to integers. What is f({target})?\n"
            "Commands: 'query X' shows f(X) for an integer -100 <= X <= 100 (except "
            f"{target}); 'answer Y' submits your value of f({target}) (one attempt).")
-  return _Game(intro, "query", explore, str(f(target)))
+  # f(0), f(1), f(2) give b, a and whether f is linear or quadratic.
+  expert = _explore_then_answer(["query 0", "query 1", "query 2"], str(f(target)),
+                                lambda r: f"query {r.randint(-10, 10)}")
+  return _Game(intro, "query", explore, str(f(target)), expert)
 
 
-def _guess(rng: random.Random) -> _Game:
+def _guess(rng: random.Random, compact: bool) -> _Game:
   secret = rng.randint(1, 100)
 
   def explore(arg):
     x = _int_arg(arg, 1, 100)
     if x == secret:
-      return f"{x} is correct!", True
-    return f"{x} is wrong: the secret number is {'higher' if secret > x else 'lower'}.", False
+      return ("correct" if compact else f"{x} is correct!"), True
+    way = "higher" if secret > x else "lower"
+    return (way if compact else f"{x} is wrong: the secret number is {way}."), False
 
-  intro = ("I am thinking of an integer between 1 and 100. Find it.\n"
+  def expert(rng: random.Random, noise: float, max_turns: int) -> list[str]:
+    actions, lo, hi = [], 1, 100
+    while len(actions) < max_turns:
+      x = rng.randint(lo, hi) if rng.random() < noise else (lo + hi) // 2
+      actions.append(f"guess {x}")
+      if x == secret:
+        break
+      lo, hi = (x + 1, hi) if secret > x else (lo, x - 1)
+    return actions
+
+  intro = ("number 1-100? guess X: higher/lower" if compact else
+           "I am thinking of an integer between 1 and 100. Find it.\n"
            "Command: 'guess X'; I will answer 'higher', 'lower' or 'correct'.")
-  return _Game(intro, "guess", explore, str(secret), ends_on_answer=False)
+  return _Game(intro, "guess", explore, str(secret), expert, ends_on_answer=False)
 
 
-def _cipher(rng: random.Random) -> _Game:
+def _cipher(rng: random.Random, compact: bool) -> _Game:
   shuffled = list(_CIPHER_ALPHABET)
   rng.shuffle(shuffled)
   key = dict(zip(_CIPHER_ALPHABET, shuffled))
@@ -97,20 +140,25 @@ def _cipher(rng: random.Random) -> _Game:
     text = arg.lower()
     if not re.fullmatch(f"[{_CIPHER_ALPHABET}]{{1,3}}", text):
       raise ValueError(f"encode takes 1 to 3 letters from '{_CIPHER_ALPHABET}'")
-    return f"encode({text}) = {''.join(key[c] for c in text)}", False
+    code = "".join(key[c] for c in text)
+    return (f"{text}={code}" if compact else f"encode({text}) = {code}"), False
 
-  intro = (f"A secret substitution cipher maps each letter of '{_CIPHER_ALPHABET}' to a "
+  intro = (f"decode {secret}? encode ABC (a-h); answer WORD" if compact else
+           f"A secret substitution cipher maps each letter of '{_CIPHER_ALPHABET}' to a "
            f"different letter of the same set. Decode the secret word '{secret}'.\n"
            "Commands: 'encode ABC' encrypts 1 to 3 letters; 'answer WORD' submits the "
            "decoded word (one attempt).")
-  return _Game(intro, "encode", explore, word)
+  letters = lambda r: "".join(r.choice(_CIPHER_ALPHABET) for _ in range(r.randint(1, 3)))
+  expert = _explore_then_answer(["encode abc", "encode def", "encode gh"], word,
+                                lambda r: f"encode {letters(r)}")
+  return _Game(intro, "encode", explore, word, expert)
 
 
 def _is_prime(n: int) -> bool:
   return n > 1 and all(n % k for k in range(2, int(n**0.5) + 1))
 
 
-def _category(rng: random.Random) -> _Game:
+def _category(rng: random.Random, compact: bool) -> _Game:
   threshold = rng.randint(20, 40)
   rules = {"even": lambda n: n % 2 == 0, "odd": lambda n: n % 2 == 1,
            "multiple of 3": lambda n: n % 3 == 0, "multiple of 5": lambda n: n % 5 == 0,
@@ -129,13 +177,19 @@ def _category(rng: random.Random) -> _Game:
     x = _int_arg(arg, 1, 60)
     if x in candidates:
       raise ValueError("the candidates may not be tested")
+    if compact:
+      return ("yes" if rule(x) else "no"), False
     return f"{x} {'follows' if rule(x) else 'does not follow'} the rule.", False
 
-  intro = (f"A secret rule classifies the integers 1 to 60. Example: {ex_yes} follows the "
+  intro = (f"{ex_yes} yes, {ex_no} no; which of {candidates}? test X; answer X" if compact else
+           f"A secret rule classifies the integers 1 to 60. Example: {ex_yes} follows the "
            f"rule; {ex_no} does not. Exactly one of {candidates} follows it. Which one?\n"
            "Commands: 'test X' tells whether X (1-60, not a candidate) follows the rule; "
            "'answer X' submits the candidate (one attempt).")
-  return _Game(intro, "test", explore, str(pos))
+  testable = [n for n in range(1, 61) if n not in candidates]
+  expert = _explore_then_answer([f"test {n}" for n in rng.sample(testable, 2)], str(pos),
+                                lambda r: f"test {r.choice(testable)}")
+  return _Game(intro, "test", explore, str(pos), expert)
 
 
 _MAKERS = {"transform": _transform, "guess": _guess, "cipher": _cipher,
@@ -175,21 +229,39 @@ class HiddenRuleEnv:
   system_prompt = SYSTEM_PROMPT
 
   def __init__(self, family: str = "mixed", *, max_turns: int = 8,
-               invalid_penalty: float = 0.0):
+               invalid_penalty: float = 0.0, style: str = "full"):
     if family != "mixed" and family not in FAMILIES:
       raise ValueError(f"family={family!r} must be 'mixed' or one of {FAMILIES}.")
+    if style not in STYLES:
+      raise ValueError(f"style={style!r} must be one of {STYLES}.")
     if max_turns < 2 or invalid_penalty > 0:
       raise ValueError(f"need max_turns >= 2 and invalid_penalty <= 0, got {max_turns}, "
                        f"{invalid_penalty}.")
     self.family, self.max_turns, self.invalid_penalty = family, max_turns, invalid_penalty
+    self.style = style
     self._game, self._turn, self._done = None, 0, False
 
-  def reset(self, seed: int) -> str:
+  def _draw(self, seed: int) -> _Game:
     rng = random.Random(seed)
     family = rng.choice(FAMILIES) if self.family == "mixed" else self.family
-    self._game = _MAKERS[family](rng)
+    return _MAKERS[family](rng, self.style == "compact")
+
+  def reset(self, seed: int) -> str:
+    self._game = self._draw(seed)
     self._turn, self._done = 0, False
+    if self.style == "compact":
+      return f"{self._game.intro} ({self.max_turns} turns)"
     return f"{self._game.intro}\nYou have {self.max_turns} turns."
+
+  def demonstration(self, seed: int, rng: random.Random, *, noise: float = 0.0) -> list[str]:
+    """The scripted expert's actions for the episode of `seed` (at most max_turns of them).
+
+    Exploring actions are random allowed ones with probability `noise` (module docstring);
+    with noise=0 the script is a function of the seed. Leaves the env's own episode alone.
+    """
+    if not 0.0 <= noise <= 1.0:
+      raise ValueError(f"noise must be in [0, 1], got {noise}.")
+    return self._draw(seed).expert(rng, noise, self.max_turns)
 
   @property
   def answer(self) -> str:
@@ -197,6 +269,12 @@ class HiddenRuleEnv:
     if self._game is None:
       raise RuntimeError("HiddenRuleEnv.answer needs reset(seed) first.")
     return self._game.answer
+
+  @property
+  def gold_action(self) -> str:
+    """The command that submits the gold answer ("guess 37", "answer 12")."""
+    answer = self.answer  # (needs reset first)
+    return f"{'answer' if self._game.ends_on_answer else self._game.verb} {answer}"
 
   def _end(self, obs: str, reward: float, *, success: bool, error: str = ""):
     self._done = True

@@ -1,4 +1,5 @@
 """Tests for agentrl.envs.hidden_rule: each family is solvable through interaction."""
+import random
 import re
 import time
 
@@ -124,6 +125,97 @@ class HiddenRuleTest(parameterized.TestCase):
       hidden_rule.HiddenRuleEnv("riddles")
     with self.assertRaisesRegex(ValueError, "max_turns"):
       hidden_rule.HiddenRuleEnv(max_turns=1)
+
+
+def _play(env, seed, actions):
+  """Steps env from reset(seed) through `actions`; returns the observations and the last info."""
+  env.reset(seed)
+  observations, info = [], {}
+  for action in actions:
+    obs, _, done, info = env.step(action)
+    observations.append(obs)
+    if done:
+      break
+  return observations, info
+
+
+class DemonstrationTest(parameterized.TestCase):
+
+  @parameterized.parameters(*hidden_rule.FAMILIES)
+  def test_noiseless_expert_solves_every_episode(self, family):
+    # Binary search needs at most 7 guesses for 100 numbers (2**7 - 1 >= 100); the other
+    # families explore for three turns (two in category), then answer.
+    env = hidden_rule.HiddenRuleEnv(family, max_turns=7 if family == "guess" else 4)
+    for seed in range(300):
+      actions = env.demonstration(seed, random.Random(0))
+      _, info = _play(env, seed, actions)
+      self.assertTrue(info["success"], (family, seed, actions))
+      self.assertEqual(actions, env.demonstration(seed, random.Random(1)))  # no noise drawn
+
+  def test_guess_expert_is_binary_search(self):
+    env = hidden_rule.HiddenRuleEnv("guess", max_turns=7)
+    seed = next(s for s in range(2000) if env.reset(s) and env.answer == "37")
+    self.assertEqual(env.demonstration(seed, random.Random(0)),
+                     ["guess 50", "guess 25", "guess 37"])
+    self.assertEqual(env.gold_action, "guess 37")
+
+  def test_noisy_guesses_stay_consistent_with_the_feedback(self):
+    env = hidden_rule.HiddenRuleEnv("guess", max_turns=7)
+    scripts = set()
+    for seed in range(200):
+      actions = env.demonstration(seed, random.Random(seed), noise=0.5)
+      self.assertEqual(actions, env.demonstration(seed, random.Random(seed), noise=0.5))
+      scripts.add((env.reset(seed) and env.answer, tuple(actions)))
+      secret, lo, hi = int(env.answer), 1, 100
+      for action in actions:
+        x = int(action.split()[1])
+        self.assertBetween(x, lo, hi)   # a number the feedback so far has not ruled out
+        lo, hi = (x + 1, hi) if secret > x else (lo, x - 1)
+      self.assertLessEqual(len(actions), 7)
+    # Noise makes the scripts of a secret differ: more distinct scripts than secrets.
+    self.assertGreater(len(scripts), len({secret for secret, _ in scripts}))
+    with self.assertRaisesRegex(ValueError, "noise"):
+      env.demonstration(0, random.Random(0), noise=1.5)
+
+  def test_demonstration_leaves_the_episode_alone(self):
+    env = hidden_rule.HiddenRuleEnv("guess", max_turns=7)
+    env.reset(3)
+    env.step("guess 50")
+    env.demonstration(4, random.Random(0))
+    obs, _, _, _ = env.step("guess 25")
+    self.assertIn("25 is", obs)
+
+
+class CompactStyleTest(parameterized.TestCase):
+
+  @parameterized.parameters(*hidden_rule.FAMILIES)
+  def test_same_game_shorter_texts(self, family):
+    full = hidden_rule.HiddenRuleEnv(family, max_turns=7)
+    compact = hidden_rule.HiddenRuleEnv(family, max_turns=7, style="compact")
+    for seed in range(20):
+      intro_full, intro_compact = full.reset(seed), compact.reset(seed)
+      self.assertEqual(full.answer, compact.answer)
+      self.assertLess(len(intro_compact), len(intro_full) / 2)
+      self.assertTrue(intro_compact.endswith("(7 turns)"))
+      actions = full.demonstration(seed, random.Random(0))
+      self.assertEqual(actions, compact.demonstration(seed, random.Random(0)))
+      (obs_full, info_full), (obs_compact, info_compact) = (
+          _play(env, seed, actions) for env in (full, compact))
+      self.assertEqual(info_full["success"], info_compact["success"])
+      for a, b in zip(obs_full[:-1], obs_compact[:-1]):
+        self.assertLessEqual(len(b), len(a))
+
+  def test_compact_feedback(self):
+    env = hidden_rule.HiddenRuleEnv("guess", max_turns=7, style="compact")
+    seed = next(s for s in range(2000) if env.reset(s) and env.answer == "37")
+    self.assertEqual(env.reset(seed), "number 1-100? guess X: higher/lower (7 turns)")
+    self.assertEqual([env.step(a)[0] for a in ("guess 50", "guess 25", "guess 37")],
+                     ["lower", "higher", "correct"])
+    env = hidden_rule.HiddenRuleEnv("transform", style="compact")
+    env.reset(0)
+    self.assertRegex(env.step("query 1")[0], r"^f\(1\)=-?\d+$")
+    with self.assertRaisesRegex(ValueError, "style"):
+      hidden_rule.HiddenRuleEnv(style="terse")
 
 
 class HostileActionTest(absltest.TestCase):

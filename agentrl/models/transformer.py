@@ -14,10 +14,13 @@
     layers and 1M (optionally linearly scaled) on global ones.
 
 Layers are stored stacked on a leading L axis and run with `lax.scan`, so compile time does not
-grow with depth. Attention rule, shared by the full forward and the KV-cache path: the token in
-slot j attends to slot i iff i <= j, slot i holds a real token (input mask), and on sliding
-layers pos_j - pos_i < window. Rows may be left- or right-padded; positions are explicit.
-Parameters are stored in `param_dtype`, matmuls run in `dtype`, norms, softmax and logits in f32.
+grow with depth; on CPU the cache-free forward (training, scoring) loops over static per-layer
+slices instead (`Config.unroll_layers`), which makes a training step there much faster at the
+price of a longer compile. Attention rule, shared by the full forward and the KV-cache path:
+the token in slot j attends to slot i iff i <= j, slot i holds a real token (input mask), and
+on sliding layers pos_j - pos_i < window. Rows may be left- or right-padded; positions are
+explicit. Parameters are stored in `param_dtype`, matmuls run in `dtype`, norms, softmax and
+logits in f32.
 """
 import dataclasses
 import functools
@@ -77,6 +80,7 @@ class Config:
   param_dtype: Any = jnp.float32            # storage and optimizer precision
   dtype: Any = jnp.bfloat16                 # matmul and activation precision
   remat: bool = False                       # recompute each layer in the backward pass
+  unroll_layers: bool | None = None         # None: unrolled on CPU without a cache (_run_layers)
 
   def __post_init__(self):
     for name in ("param_dtype", "dtype"):
@@ -442,6 +446,16 @@ class Transformer(nnx.Module):
       return carry
     if cfg.remat:
       body = jax.checkpoint(body)
+    unroll = cfg.unroll_layers
+    if kv is None and (jax.default_backend() == "cpu" if unroll is None else unroll):
+      # On XLA:CPU the scan's residual stacks (zero-filled [L, ...] buffers written one
+      # dynamic-update-slice per layer) and the transposed copies they force took about a third
+      # of a SmolLM2 forward+backward (scripts/bench_train_step.py); separate per-layer buffers
+      # avoid both. Same math, so the same values.
+      carry = (x_BTD, kv)
+      for i in range(cfg.depth):
+        carry, _ = body(carry, jax.tree.map(lambda a, i=i: a[i], xs))
+      return carry
     (x_BTD, kv), _ = jax.lax.scan(body, (x_BTD, kv), xs)
     return x_BTD, kv
 

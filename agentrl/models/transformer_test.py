@@ -147,6 +147,28 @@ class TransformerTest(parameterized.TestCase):
     self.assertRegex(loss(dataclasses.replace(cfg, remat=True)), r"\b(remat2?|checkpoint)\[")
     self.assertNotRegex(loss(cfg), r"\b(remat2?|checkpoint)\[")
 
+  def test_unrolled_layers_match_the_scan(self):
+    cfg = transformer.Config.named("tiny", depth=3, sliding_window=2, sliding_window_pattern=2)
+    graphdef, params = testing.random_params(cfg)
+    tokens_BT = jax.random.randint(jax.random.key(1), (2, 5), 0, cfg.vocab)
+    mask_BT = jnp.ones((2, 5), bool).at[1, 3:].set(False)
+
+    def value_and_grad(unroll):
+      gd = nnx.split(nnx.eval_shape(lambda: transformer.Transformer(
+          dataclasses.replace(cfg, unroll_layers=unroll), rngs=nnx.Rngs(0))))[0]
+      positions_BT = jnp.broadcast_to(jnp.arange(5), (2, 5))
+      f = lambda p: (nnx.merge(gd, p)(tokens_BT, positions_BT, mask_BT) ** 2).sum()
+      jaxpr = str(jax.make_jaxpr(f)(params))
+      return jax.jit(jax.value_and_grad(f))(params), "scan[" in jaxpr
+
+    (looped, looped_g), looped_has_scan = value_and_grad(True)
+    (scanned, scanned_g), scanned_has_scan = value_and_grad(False)
+    self.assertFalse(looped_has_scan)
+    self.assertTrue(scanned_has_scan)
+    np.testing.assert_allclose(looped, scanned, rtol=1e-6)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6),
+                 looped_g, scanned_g)
+
   def test_dtypes(self):
     cfg = transformer.Config.named("tiny", param_dtype="bfloat16", dtype="bfloat16")
     model = nnx.eval_shape(lambda: transformer.Transformer(cfg, rngs=nnx.Rngs(0)))

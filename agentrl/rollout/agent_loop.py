@@ -6,7 +6,10 @@ rollout engine (`agentrl.rollout.engine`) and the per-turn reference loop, and g
   groups = agent_loop.rollout_groups(engine, params, tok, make_env, seeds, group_size=8,
                                      greedy_baseline=True, rng=key, max_turns=4, ...)
   trajs, metrics = agent_loop.run_per_turn(sampler, params, tok, envs, seeds, rng=key, ...)
+  traj = agent_loop.scripted(tok, env, seed, ["guess 50", "guess 25"], chat_template=False)
 
+`scripted` renders a given list of actions (an expert's demonstration, agentrl/sft.py) into
+the same token layout a rollout whose policy sampled those actions would have.
 `run_per_turn` is the simple reference the engine is tested against: each turn, every
 unfinished row is batched into one `Sampler.generate` call with its whole transcript as the
 prompt (stop ids: the tokenizer's end-of-turn ids and EOS). Both append the sampled ids to the
@@ -260,6 +263,35 @@ def run_per_turn(sampler: sampler_lib.Sampler, params, tok, envs: Sequence[Any],
   metrics.update(env_metrics(safe_envs, before))
   metrics.update(_summary(trajs))
   return trajs, metrics
+
+
+def scripted(tok, env, seed, actions: Sequence[str], *, chat_template: bool,
+             system_prompt: str | None = None) -> Trajectory:
+  """The trajectory of env from reset(seed) when the policy's turns are `actions`.
+
+  Each action is `tok.encode(action)` followed by the stop id a sampled turn ends with (the
+  first end-of-turn id with the chat template, else EOS), with loss_mask 1; the prompt and
+  observations are rendered as in a rollout (loss_mask 0). The env is stepped for real, so the
+  observations are its replies; actions left over once it reports done are dropped. No token
+  budget applies: the caller packs (and cuts) the trajectory.
+  """
+  stop = (tok.end_of_turn_ids[0] if chat_template and tok.end_of_turn_ids else tok.eos_id)
+  render = _Renderer(tok, chat_template=chat_template, system_prompt=system_prompt)
+  row = _Row(env, greedy=False)
+  row.append(render.prompt(env.reset(seed), env.system_prompt), turn=-1)
+  row.prompt_len = len(row.tokens)
+  for turn, action in enumerate(actions):
+    ids = list(tok.encode(action)) + [stop]
+    row.append(ids, turn=turn, logp=np.zeros(len(ids), np.float32))
+    obs, reward, done, info = env.step(action)
+    row.turn_rewards.append(float(reward))
+    row.infos.append(info)
+    if done:
+      row.finish(done=True)
+      break
+    if turn < len(actions) - 1:   # as a rollout, no observation after the last turn
+      row.append(render.observation(obs, stop), turn=turn)
+  return row.trajectory()
 
 
 def _summary(trajs: Sequence[Trajectory]) -> dict[str, float]:

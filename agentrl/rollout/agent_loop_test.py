@@ -239,6 +239,40 @@ class AgentLoopTest(absltest.TestCase):
     n = int(spy.calls[0][1].lengths_B[0])
     np.testing.assert_array_equal(t.tokens[t.prompt_len + n:t.prompt_len + n + 3], [7 + 79] * 3)
 
+  def test_scripted_trajectory_is_the_rollout_that_sampled_those_actions(self):
+    actions = ["ab", "cd", "ef", "never used: the env is done after three"]
+
+    class Replay:
+      """A sampler whose policy samples encode(action) then a stop id, turn by turn."""
+
+      def __init__(self, stop):
+        self.turn, self.stop = 0, stop
+
+      def generate(self, params, prompts, **kw):
+        del params, kw
+        ids = CharTokenizer().encode(actions[self.turn]) + [self.stop]
+        self.turn += 1
+        B, N = len(prompts), len(ids)
+        return sampler_lib.SampleOutput(
+            tokens_BN=np.tile(np.asarray(ids, np.int32), (B, 1)),
+            logp_BN=np.zeros((B, N), np.float32), lengths_B=np.full((B,), N, np.int32),
+            stopped_B=np.ones((B,), bool), num_steps=N)
+
+    for chat_template, stop in ((True, 3), (False, 2)):   # <eot> with the template, else EOS
+      tok = CharTokenizer()
+      got = agent_loop.scripted(tok, ScriptedEnv(obs_len=2), 5, actions,
+                                chat_template=chat_template)
+      want, _ = agent_loop.run_per_turn(Replay(stop), None, tok, [ScriptedEnv(obs_len=2)], [5],
+                                        rng=jax.random.key(0), max_turns=5, max_new_tokens=8,
+                                        max_len=MAX_LEN, chat_template=chat_template)
+      for field in ("tokens", "loss_mask", "turn"):
+        np.testing.assert_array_equal(getattr(got, field), getattr(want[0], field), field)
+      self.assertEqual((got.turn_rewards, got.done, got.prompt_len),
+                       (want[0].turn_rewards, want[0].done, want[0].prompt_len))
+      # loss_mask is 1 on the actions' ids and their stop ids only: 3 x (2 + 1).
+      self.assertEqual(got.loss_mask.sum(), 9)
+      self.assertEqual(list(got.tokens[got.loss_mask > 0][2::3]), [stop] * 3)
+
   def test_pack_of_rollout_keeps_masks_under_transfer_guard(self):
     rng = jax.random.key(0)
     with jax.transfer_guard("disallow"):     # only explicit device_put/device_get allowed

@@ -61,6 +61,13 @@ class PackTest(absltest.TestCase):
     self.assertEqual(pack.padded_length([5, 9], max_len=1024), 16)
     self.assertEqual(pack.padded_length([17], max_len=1024), 32)
     self.assertEqual(pack.padded_length([600], max_len=1000), 1000)
+    # Four steps per octave: (128, 256] -> 160, 192, 224, 256 (SmolLM2 preset rows: ~172).
+    quarter = lambda n, **kw: pack.padded_length([n], max_len=320, per_octave=4, **kw)
+    self.assertEqual([quarter(n) for n in (5, 17, 128, 129, 172, 255, 300)],
+                     [16, 20, 128, 160, 192, 256, 320])
+    self.assertEqual(quarter(20, min_len=64), 64)
+    with self.assertRaisesRegex(ValueError, "per_octave must be >= 1"):
+      pack.padded_length([5], max_len=64, per_octave=0)
 
   def test_device_batch(self):
     b = pack.pack([_traj(3, [(2, 1)])], max_len=64, pad_id=PAD)

@@ -122,6 +122,19 @@ class TokenLogprobsTest(parameterized.TestCase):
     for a, b in zip(tokens, vocab):
       np.testing.assert_allclose(a, b, atol=1e-5)
 
+  def test_xla_token_chunks_are_balanced(self):
+    # 64 MiB of float32 logits hold 336 SmolLM2 rows (V = 49152); N = 4 x 255 = 1020 tokens
+    # run as 4 chunks of 256 (4 padded rows), not 4 of 336 (324 padded rows of logits).
+    smollm2 = lambda n, **kw: xla._rows(n, 49152, xla.BlockSizes(**kw))
+    self.assertEqual([smollm2(n) for n in (1020, 4096, 336, 337, 100)],
+                     [256, 320, 336, 176, 100])
+    self.assertEqual(smollm2(1020, rows=336), 336)           # an explicit size is kept
+    h_ND, w_DV, y_N, _, _ = _inputs(41, 16, 50, "float32")   # 2 chunks of 24, not 2 of 40
+    np.testing.assert_allclose(
+        ops.token_logprobs(h_ND, w_DV, y_N, impl="xla",
+                           block_sizes=xla.BlockSizes(chunk_bytes=4 * 50 * 40)),
+        ops.token_logprobs_reference(h_ND, w_DV, y_N), rtol=1e-5, atol=1e-6)
+
   @parameterized.parameters("tokens", "vocab")
   def test_gradient_is_zero_for_zero_cotangent_tokens(self, order):
     # A masked token (g = g_ent = 0) must not contribute to dh (its row) or to dW.

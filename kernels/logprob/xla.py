@@ -27,10 +27,12 @@ from kernels.logprob import common
 
 @dataclasses.dataclass(frozen=True)
 class BlockSizes:
-  """Tokens per chunk: `rows`, or when None the multiple of 8 whose `rows × V` float32 logits
-  fit in `chunk_bytes`. Peak extra memory is about two such buffers (+ the f32 dW in the
-  backward). The 64 MiB default bounds memory on any V; accelerators reach higher matmul
-  intensity with rows ≈ 1–4k (docs/kernels.md §3, §8.4) where memory allows.
+  """Tokens per chunk: `rows`, or when None balanced chunks: as few as keep each chunk's
+  `rows × V` float32 logits within `chunk_bytes`, all of one size (a multiple of 8), so the
+  last one is not mostly padding (N = 1020, V = 49152: 4 × 256, not 4 × 336). Peak extra
+  memory is about two such buffers (+ the f32 dW in the backward). The 64 MiB default bounds
+  memory on any V; accelerators reach higher matmul intensity with rows ≈ 1–4k
+  (docs/kernels.md §3, §8.4) where memory allows.
   """
   rows: int | None = None
   chunk_bytes: int = 64 * 2**20
@@ -50,7 +52,9 @@ def _chunk(x, rows: int):
 def _rows(n: int, v: int, block_sizes: BlockSizes) -> int:
   rows = block_sizes.rows
   if rows is None:
-    rows = max(8, block_sizes.chunk_bytes // (4 * v) // 8 * 8)
+    cap = max(8, block_sizes.chunk_bytes // (4 * v) // 8 * 8)
+    chunks = -(-n // cap)
+    rows = -(-n // (8 * chunks)) * 8   # ceil(n / chunks), rounded up to a multiple of 8
   if rows <= 0:
     raise ValueError(f"xla.BlockSizes.rows must be positive, got {rows}.")
   return min(rows, n)
