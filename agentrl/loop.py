@@ -36,6 +36,7 @@ import optax
 from agentrl import checkpoint as checkpoint_lib
 from agentrl import health
 from agentrl import metrics as metrics_lib
+from agentrl import minibatch
 from agentrl import types
 from agentrl.losses import aggregation
 from agentrl.losses import kl
@@ -224,48 +225,6 @@ def skip_nonfinite(update_step: Callable) -> Callable:
   return guarded
 
 
-def minibatches(batch: types.Batch, *, num: int, rng: jax.Array | None) -> list[types.Batch]:
-  """Splits the rows into `num` equal minibatches, shuffled by `rng` (None: in order)."""
-  B = batch.tokens_BT.shape[0]
-  if B % num:
-    raise ValueError(f"minibatches={num} must divide the batch size {B}.")
-  if num == 1 and rng is None:
-    return [batch]
-  order = jnp.arange(B) if rng is None else jax.random.permutation(rng, B)
-  size = B // num
-  return [jax.tree.map(lambda x, idx=order[i * size:(i + 1) * size]: x[idx], batch)
-          for i in range(num)]
-
-
-def length_sorted_minibatches(batch: types.Batch, lengths_B, *, num: int, seed=None,
-                              min_len: int = 16) -> list[types.Batch]:
-  """`num` minibatches of rows of similar length, each cut to its own padded length.
-
-  The plan is `pack.length_sorted_layout` (rows sorted by length, runs of B / num rows, T = the
-  power-of-two bucket of each run's longest row, capped at the batch's T). Each minibatch takes
-  its rows and the first T columns of every `*_BT` field (`aux` entries too). Only padding is
-  cut, so per-row values (log-probs, per-sequence sums) are unchanged; which rows share a
-  minibatch differs from `minibatches`, so per-minibatch normalizers do too; with num=1 the
-  rows keep their order and only the padding past the bucket of the longest row is cut.
-  """
-  T = batch.tokens_BT.shape[1]
-  layout = pack_lib.length_sorted_layout(lengths_B, num=num, max_len=T, min_len=min_len,
-                                         seed=seed)
-  return [_take(batch, jax.device_put(rows), width) for rows, width in layout]
-
-
-def _take(batch: types.Batch, rows: jax.Array, width: int) -> types.Batch:
-  cut = lambda name, x: x[rows][:, :width] if name.endswith("_BT") else x[rows]
-  fields = {}
-  for field in dataclasses.fields(batch):
-    x = getattr(batch, field.name)
-    if isinstance(x, dict):
-      fields[field.name] = {k: cut(k, v) for k, v in x.items()}
-    elif x is not None:
-      fields[field.name] = cut(field.name, x)
-  return batch.replace(**fields)
-
-
 def _mean_metrics(per_update: Sequence[Mapping[str, Any]]) -> dict[str, float]:
   """Means over minibatch updates; `skipped` is summed (the number of dropped updates)."""
   host = jax.device_get(list(per_update))
@@ -428,14 +387,15 @@ def _step(state, step, rng, rollout_fn, score_fn, advantage_fn, update_fn, *, ep
   marks.append(time.perf_counter())
   beat.phase(f"step {step}: update")
   if sort_by_length and rollout.lengths_B is not None:
-    parts = [mb for epoch in range(epochs) for mb in length_sorted_minibatches(
+    parts = [mb for epoch in range(epochs) for mb in minibatch.length_sorted_minibatches(
         batch, rollout.lengths_B, num=num_minibatches, seed=(step, epoch) if shuffle else None)]
   else:
-    parts = [mb for key in keys for mb in minibatches(batch, num=num_minibatches, rng=key)]
+    parts = [mb for key in keys
+             for mb in minibatch.minibatches(batch, num=num_minibatches, rng=key)]
   per_update = []
   with jax.transfer_guard("disallow"):
-    for minibatch in parts:
-      state, update_metrics = update_fn(state, minibatch)
+    for part in parts:
+      state, update_metrics = update_fn(state, part)
       per_update.append(update_metrics)
   # Every update of the step is dispatched before the one device_get: the next rollout needs
   # the new params anyway, so deferring the fetch further would buy no overlap.

@@ -22,6 +22,7 @@ import optax
 
 from agentrl import advantages
 from agentrl import loop
+from agentrl import minibatch
 from agentrl import types
 from agentrl.data import generators
 from agentrl.data import stream
@@ -207,14 +208,14 @@ class HelpersTest(absltest.TestCase):
     batch = types.Batch(tokens_BT=jnp.arange(8 * 2).reshape(8, 2),
                         positions_BT=jnp.zeros((8, 2)), input_mask_BT=jnp.ones((8, 2)),
                         loss_mask_BT=jnp.ones((8, 2)))
-    parts = loop.minibatches(batch, num=4, rng=jax.random.key(1))
+    parts = minibatch.minibatches(batch, num=4, rng=jax.random.key(1))
     rows = np.concatenate([np.asarray(p.tokens_BT[:, 0]) for p in parts])
     self.assertEqual(sorted(rows.tolist()), list(range(0, 16, 2)))
     self.assertNotEqual(rows.tolist(), list(range(0, 16, 2)))  # shuffled
-    in_order = loop.minibatches(batch, num=2, rng=None)
+    in_order = minibatch.minibatches(batch, num=2, rng=None)
     np.testing.assert_array_equal(in_order[1].tokens_BT[:, 0], [8, 10, 12, 14])
     with self.assertRaisesRegex(ValueError, "minibatches=3 must divide the batch size 8"):
-      loop.minibatches(batch, num=3, rng=None)
+      minibatch.minibatches(batch, num=3, rng=None)
 
   def test_minibatches_carry_entropy_and_aux_with_their_rows(self):
     rows_B = jnp.arange(8)
@@ -222,7 +223,7 @@ class HelpersTest(absltest.TestCase):
                         input_mask_BT=jnp.ones((8, 2)), loss_mask_BT=jnp.ones((8, 2)),
                         entropy_BT=jnp.stack([rows_B, -rows_B], 1).astype(jnp.float32),
                         aux={"x_B": 10 * rows_B, "y_BT": jnp.stack([rows_B, rows_B], 1)})
-    for part in loop.minibatches(batch, num=4, rng=jax.random.key(2)):
+    for part in minibatch.minibatches(batch, num=4, rng=jax.random.key(2)):
       row_B = np.asarray(part.tokens_BT[:, 0])
       np.testing.assert_array_equal(part.aux["x_B"], 10 * row_B)
       np.testing.assert_array_equal(part.aux["y_BT"][:, 1], row_B)
@@ -381,7 +382,7 @@ class LengthBucketTest(absltest.TestCase):
       pack_lib.length_sorted_layout(self.lengths, num=3, max_len=64)
 
   def test_length_sorted_minibatches_keep_each_rows_values(self):
-    parts = loop.length_sorted_minibatches(self.bucketed, self.lengths, num=2)
+    parts = minibatch.length_sorted_minibatches(self.bucketed, self.lengths, num=2)
     self.assertEqual([p.tokens_BT.shape for p in parts], [(4, 16), (4, 64)])
     real = sum(self.lengths)
     pad = {"fixed": 1 - real / (8 * 96), "bucketed": 1 - real / (8 * 64),

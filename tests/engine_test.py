@@ -25,6 +25,7 @@ from agentrl.models import policy
 from agentrl.models import transformer
 from agentrl.rollout import agent_loop
 from agentrl.rollout import engine as engine_lib
+from agentrl.rollout import engine_programs
 from agentrl.rollout import sampler as sampler_lib
 
 TOK = recipe.task_tokenizer(mlc.ConfigDict(dict(name="hidden_rule", family="mixed",
@@ -77,13 +78,13 @@ class EngineTest(parameterized.TestCase):
     self.assertGreater(old_metrics["rollout/turns_mean"], 1.0)  # really multi-turn
     for slots in (2, 8):
       compactions = []
-      original = engine_lib._compact  # pylint: disable=protected-access
+      original = engine_programs.compact
 
       def spy(cache, live, original=original, compactions=compactions):
         compactions.append(1)   # traced once per compiled cache size
         return original(cache, live)
 
-      with mock.patch.object(engine_lib, "_compact", spy):
+      with mock.patch.object(engine_programs, "compact", spy):
         new, metrics = _run_engine(name, slots=slots, rng=jax.random.key(0), greedy=True)
       if slots == 2 and name == "hidden_rule":  # long transcripts: the pointer wraps
         self.assertNotEmpty(compactions, "the test should exercise cache compaction")

@@ -6,6 +6,7 @@ Reads transformers 4.x (`rope_theta`, `rope_scaling`, `rope_local_base_freq`,
 """
 from typing import Any
 
+from agentrl.models import decoder_math
 from agentrl.models import transformer
 
 # family -> (HF architecture, model_type)
@@ -247,7 +248,7 @@ def _llama3_from_freqs(reader, theta: float, head_dim: int, where: str) -> dict[
                              head_dim=head_dim, mlp=1, rope_theta=theta, **fields)
   plain = transformer.Config(vocab=1, width=head_dim, depth=1, heads=1, kv_heads=1,
                              head_dim=head_dim, mlp=1, rope_theta=theta)
-  ratio = transformer.rope_inv_freq(plain, False) / transformer.rope_inv_freq(probe, False)
+  ratio = decoder_math.rope_inv_freq(plain, False) / decoder_math.rope_inv_freq(probe, False)
   if not np.allclose(ratio, divisors, rtol=1e-3):
     raise ValueError(f"{where}: rope_freqs does not match Llama-3 scaling with "
                      "low_freq_factor=1, high_freq_factor=4, original context 8192.")

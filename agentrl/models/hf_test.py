@@ -17,6 +17,7 @@ import numpy as np
 from safetensors.numpy import load_file
 from safetensors.numpy import save_file
 
+from agentrl.models import decoder_math
 from agentrl.models import hf
 from agentrl.models import hf_config
 from agentrl.models import testing
@@ -334,8 +335,8 @@ def write_gguf(path, cfg, hf_tensors):
     w.add_rope_scaling_factor(cfg.rope_factor)
   if cfg.rope_scaling == "llama3":
     plain = dataclasses.replace(cfg, rope_scaling="default")
-    w.add_tensor("rope_freqs.weight", transformer.rope_inv_freq(plain, False)
-                 / transformer.rope_inv_freq(cfg, False))
+    w.add_tensor("rope_freqs.weight", decoder_math.rope_inv_freq(plain, False)
+                 / decoder_math.rope_inv_freq(cfg, False))
   glob = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight":
           "output_norm.weight", "lm_head.weight": "output.weight"}
   for name, x in hf_tensors.items():

@@ -30,18 +30,12 @@ import flax
 from flax import nnx
 import jax
 import jax.numpy as jnp
-import numpy as np
 
+from agentrl.models import decoder_math as dm
 from agentrl.models import presets
 
 FAMILIES = ("llama", "qwen2", "qwen3", "gemma", "gemma2", "gemma3")
-ACTIVATIONS = {
-    "silu": jax.nn.silu,
-    "gelu_tanh": functools.partial(jax.nn.gelu, approximate=True),
-    "gelu": functools.partial(jax.nn.gelu, approximate=False),
-}
 ROPE_SCALINGS = ("default", "linear", "llama3")
-_MASKED = float(np.finfo(np.float32).min)  # finite: a row with no visible key stays finite
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,7 +80,8 @@ class Config:
       object.__setattr__(self, name, jnp.dtype(getattr(self, name)))
     checks = [
         (self.family in FAMILIES, f"family={self.family!r}; expected one of {FAMILIES}"),
-        (self.act in ACTIVATIONS, f"act={self.act!r}; expected one of {tuple(ACTIVATIONS)}"),
+        (self.act in dm.ACTIVATIONS,
+         f"act={self.act!r}; expected one of {tuple(dm.ACTIVATIONS)}"),
         (self.rope_scaling in ROPE_SCALINGS,
          f"rope_scaling={self.rope_scaling!r}; expected one of {ROPE_SCALINGS}"),
         (self.heads % self.kv_heads == 0,
@@ -200,122 +195,6 @@ class Layers(nnx.Module):
 
 
 # ------------------------------------------------------------------------------------------
-# Pure per-layer math. Inside the layer scan the leading L axis of every parameter is gone.
-# ------------------------------------------------------------------------------------------
-
-
-def _rms_norm(cfg: Config, x, scale):
-  x32 = x.astype(jnp.float32)
-  y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + cfg.norm_eps)
-  scale = scale.reshape((1,) * (x.ndim - 1) + scale.shape)
-  if cfg.norm_plus_one:  # Gemma multiplies in f32 before casting back
-    return (y * (1.0 + scale.astype(jnp.float32))).astype(x.dtype)
-  return y.astype(x.dtype) * scale.astype(x.dtype)
-
-
-def rope_inv_freq(cfg: Config, local: bool) -> np.ndarray:
-  """RoPE inverse frequencies [K/2], with the rescaling of the layer's kind (HF conventions)."""
-  theta = cfg.rope_local_theta if local and cfg.rope_local_theta is not None else cfg.rope_theta
-  exponents = np.arange(0, cfg.head_dim, 2, dtype=np.float32) / np.float32(cfg.head_dim)
-  inv = (1.0 / (np.float32(theta) ** exponents)).astype(np.float32)
-  if (local and cfg.rope_local_theta is not None) or cfg.rope_scaling == "default":
-    return inv
-  if cfg.rope_scaling == "linear":
-    return inv / np.float32(cfg.rope_factor)
-  # Llama 3: keep high frequencies, divide low ones by `factor`, interpolate in between.
-  low_wavelen = cfg.rope_original_max_len / cfg.rope_low_freq_factor
-  high_wavelen = cfg.rope_original_max_len / cfg.rope_high_freq_factor
-  wavelen = 2 * np.pi / inv
-  scaled = np.where(wavelen > low_wavelen, inv / cfg.rope_factor, inv)
-  smooth = ((cfg.rope_original_max_len / wavelen - cfg.rope_low_freq_factor)
-            / (cfg.rope_high_freq_factor - cfg.rope_low_freq_factor))
-  smoothed = (1 - smooth) * scaled / cfg.rope_factor + smooth * scaled
-  medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
-  return np.where(medium, smoothed, scaled).astype(np.float32)
-
-
-def _rope_tables(cfg: Config, positions_BT, local: bool):
-  angle_BTk = positions_BT.astype(jnp.float32)[..., None] * rope_inv_freq(cfg, local)[None, None]
-  return jnp.sin(angle_BTk), jnp.cos(angle_BTk)
-
-
-def _apply_rope(x_BTHK, sin_BTk, cos_BTk):
-  # Rotates the two halves of each head (HF "rotate_half" layout, not interleaved pairs).
-  x1, x2 = jnp.split(x_BTHK.astype(jnp.float32), 2, axis=-1)
-  sin, cos = sin_BTk[:, :, None], cos_BTk[:, :, None]
-  out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
-  return out.astype(x_BTHK.dtype)
-
-
-def _no_adapter(name, x, y):
-  del name, x
-  return y
-
-
-def _project_qkv(cfg: Config, p, x_BTD, sin_cos, adapt):
-  dt = cfg.dtype
-  proj = lambda name, w: adapt(name, x_BTD, jnp.einsum("btd,dhk->bthk", x_BTD, w.astype(dt)))
-  q_BTHK, k_BTHK, v_BTHK = proj("q", p["q_LDHK"]), proj("k", p["k_LDHK"]), proj("v", p["v_LDHK"])
-  if cfg.qkv_bias:
-    q_BTHK = q_BTHK + p["q_bias_LHK"].astype(dt)[None, None]
-    k_BTHK = k_BTHK + p["k_bias_LHK"].astype(dt)[None, None]
-    v_BTHK = v_BTHK + p["v_bias_LHK"].astype(dt)[None, None]
-  if cfg.qk_norm:
-    q_BTHK = _rms_norm(cfg, q_BTHK, p["q_norm_LK"])
-    k_BTHK = _rms_norm(cfg, k_BTHK, p["k_norm_LK"])
-  return _apply_rope(q_BTHK, *sin_cos), _apply_rope(k_BTHK, *sin_cos), v_BTHK
-
-
-def _attend(cfg: Config, q_BTHK, k_BSGK, v_BSGK, allowed_BTS):
-  """Softmax attention; G is the KV-head count and R = H / G query heads share each KV head."""
-  b, t, h, k = q_BTHK.shape
-  g = k_BSGK.shape[2]
-  q_BTGRK = q_BTHK.reshape(b, t, g, h // g, k)
-  scale = (cfg.query_pre_attn_scalar or cfg.head_dim) ** -0.5
-  s_BGRTS = jnp.einsum("btgrk,bsgk->bgrts", q_BTGRK, k_BSGK,
-                       preferred_element_type=jnp.float32) * scale
-  if cfg.attn_logit_softcap:
-    s_BGRTS = cfg.attn_logit_softcap * jnp.tanh(s_BGRTS / cfg.attn_logit_softcap)
-  s_BGRTS = jnp.where(allowed_BTS[:, None, None], s_BGRTS, _MASKED)
-  p_BGRTS = jax.nn.softmax(s_BGRTS, axis=-1).astype(v_BSGK.dtype)
-  o_BTGRK = jnp.einsum("bgrts,bsgk->btgrk", p_BGRTS, v_BSGK)
-  return o_BTGRK.reshape(b, t, h, k)
-
-
-def _layer(cfg: Config, p, x_BTD, sin_cos, allowed_BTS, kv_fn, adapt=_no_adapter):
-  """One pre-norm decoder layer. kv_fn maps this step's (k, v) to all visible (k, v);
-  adapt(name, x, y) may add a term to each projection y = x W (see `Transformer.hidden`)."""
-  dt = cfg.dtype
-  a, m = p["attn"], p["mlp"]
-  h_BTD = _rms_norm(cfg, x_BTD, p["pre_attn_norm_LD"])
-  q_BTHK, k_BTGK, v_BTGK = _project_qkv(cfg, a, h_BTD, sin_cos, adapt)
-  k_BSGK, v_BSGK = kv_fn(k_BTGK, v_BTGK)
-  o_BTHK = _attend(cfg, q_BTHK, k_BSGK, v_BSGK, allowed_BTS)
-  h_BTD = adapt("o", o_BTHK, jnp.einsum("bthk,hkd->btd", o_BTHK, a["o_LHKD"].astype(dt)))
-  if cfg.post_norms:
-    h_BTD = _rms_norm(cfg, h_BTD, p["post_attn_norm_LD"])
-  x_BTD = x_BTD + h_BTD
-  h_BTD = _rms_norm(cfg, x_BTD, p["pre_mlp_norm_LD"])
-  gate_BTF = adapt("gate", h_BTD, jnp.einsum("btd,df->btf", h_BTD, m["gate_LDF"].astype(dt)))
-  up_BTF = adapt("up", h_BTD, jnp.einsum("btd,df->btf", h_BTD, m["up_LDF"].astype(dt)))
-  g_BTF = ACTIVATIONS[cfg.act](gate_BTF) * up_BTF
-  h_BTD = adapt("down", g_BTF, jnp.einsum("btf,fd->btd", g_BTF, m["down_LFD"].astype(dt)))
-  if cfg.post_norms:
-    h_BTD = _rms_norm(cfg, h_BTD, p["post_mlp_norm_LD"])
-  return x_BTD + h_BTD
-
-
-def _allowed(cfg: Config, q_pos_BT, k_pos_BS, q_slot_T, k_valid_BS):
-  """(global, local) [B, T, S] masks of which slots each new token may attend to."""
-  k_slot_S = jnp.arange(k_valid_BS.shape[1], dtype=jnp.int32)
-  causal_BTS = (k_slot_S[None, None, :] <= q_slot_T[None, :, None]) & k_valid_BS[:, None, :]
-  if cfg.sliding_window is None:
-    return causal_BTS, causal_BTS
-  near_BTS = (q_pos_BT[:, :, None] - k_pos_BS[:, None, :]) < cfg.sliding_window
-  return causal_BTS, causal_BTS & near_BTS
-
-
-# ------------------------------------------------------------------------------------------
 # The model.
 # ------------------------------------------------------------------------------------------
 
@@ -346,9 +225,9 @@ class Transformer(nnx.Module):
       input_mask_BT = jnp.ones(tokens_BT.shape, bool)
     positions_BT = positions_BT.astype(jnp.int32)
     slot_T = jnp.arange(tokens_BT.shape[1], dtype=jnp.int32)
-    masks = _allowed(self.cfg, positions_BT, positions_BT, slot_T, input_mask_BT.astype(bool))
+    masks = dm.allowed(self.cfg, positions_BT, positions_BT, slot_T, input_mask_BT.astype(bool))
     x_BTD, _ = self._run_layers(self._embed(tokens_BT), positions_BT, masks, None, adapter)
-    return _rms_norm(self.cfg, x_BTD, self.final_norm_D[...])
+    return dm.rms_norm(self.cfg, x_BTD, self.final_norm_D[...])
 
   def unembed_DV(self) -> jax.Array:
     """The output projection [D, V] in `cfg.dtype` (the embedding transposed when tied)."""
@@ -384,11 +263,11 @@ class Transformer(nnx.Module):
     valid_BS = jax.lax.dynamic_update_slice(cache.valid_BS, input_mask_BT.astype(bool), (0, idx))
     pos_BS = jax.lax.dynamic_update_slice(cache.pos_BS, positions_BT, (0, idx))
     slot_T = idx + jnp.arange(tokens_BT.shape[1], dtype=jnp.int32)
-    masks = _allowed(cfg, positions_BT, pos_BS, slot_T, valid_BS)
+    masks = dm.allowed(cfg, positions_BT, pos_BS, slot_T, valid_BS)
     kv = (cache.k_LBSHK, cache.v_LBSHK, idx)
     x_BTD, (k_LBSHK, v_LBSHK, _) = self._run_layers(self._embed(tokens_BT), positions_BT,
                                                      masks, kv, adapter, layers)
-    logits_BTV = self.logits(_rms_norm(cfg, x_BTD, self.final_norm_D[...]))
+    logits_BTV = self.logits(dm.rms_norm(cfg, x_BTD, self.final_norm_D[...]))
     return logits_BTV, KVCache(k_LBSHK, v_LBSHK, valid_BS, pos_BS)
 
   def _embed(self, tokens_BT):
@@ -405,8 +284,8 @@ class Transformer(nnx.Module):
     cfg = self.cfg
     params = nnx.to_pure_dict(nnx.state(self.layers, nnx.Param))
     has_local = any(cfg.local_layers)
-    rope_global = _rope_tables(cfg, positions_BT, local=False)
-    rope_local = _rope_tables(cfg, positions_BT, local=True) if has_local else rope_global
+    rope_global = dm.rope_tables(cfg, positions_BT, local=False)
+    rope_local = dm.rope_tables(cfg, positions_BT, local=True) if has_local else rope_global
     adapter_params, adapter_fn = adapter or (None, None)
     xs = (params, jnp.arange(cfg.depth, dtype=jnp.int32), jnp.asarray(cfg.local_layers),
           adapter_params)
@@ -414,12 +293,12 @@ class Transformer(nnx.Module):
     def body(carry, xs):
       x_BTD, kv = carry
       p, layer, local, a = xs
-      adapt = _no_adapter if adapter is None else functools.partial(adapter_fn, a, layer)
+      adapt = dm.no_adapter if adapter is None else functools.partial(adapter_fn, a, layer)
       pick = lambda a, b: jnp.where(local, a, b) if has_local else b
       sin_cos = jax.tree.map(pick, rope_local, rope_global)
       allowed_BTS = pick(masks[1], masks[0])
       if kv is None:
-        return (_layer(cfg, p, x_BTD, sin_cos, allowed_BTS, lambda k, v: (k, v), adapt),
+        return (dm.layer(cfg, p, x_BTD, sin_cos, allowed_BTS, lambda k, v: (k, v), adapt),
                 None), None
       k_LBSHK, v_LBSHK, idx = kv
       written = {}
@@ -433,25 +312,23 @@ class Transformer(nnx.Module):
         dt = cfg.dtype
         return written["k"][layer].astype(dt), written["v"][layer].astype(dt)
 
-      x_BTD = _layer(cfg, p, x_BTD, sin_cos, allowed_BTS, kv_fn, adapt)
+      x_BTD = dm.layer(cfg, p, x_BTD, sin_cos, allowed_BTS, kv_fn, adapt)
       return (x_BTD, (written["k"], written["v"], idx)), None
 
-    if layers is not None:
-      if adapter is not None or len(layers) != cfg.depth:
-        raise ValueError(f"layers= needs {cfg.depth} per-layer params and no adapter.")
-      carry = (x_BTD, kv)
-      for i, p in enumerate(layers):
-        carry, _ = body(carry, (p, i, cfg.local_layers[i], None))
-      return carry
+    if layers is not None and (adapter is not None or len(layers) != cfg.depth):
+      raise ValueError(f"layers= needs {cfg.depth} per-layer params and no adapter.")
     if cfg.remat:
       body = jax.checkpoint(body)
-    if kv is None and cfg.unroll_layers:
-      # Separate per-layer buffers instead of the scan's zero-filled [L, ...] residual stacks
-      # (~4% of a SmolLM2 step on XLA:CPU); interleaved timings showed no net gain there
-      # (README, Performance), so it stays an option.
+    # A Python loop instead of the scan: over `layers` (per-layer buffers, no per-step copy of
+    # the weights out of the stack: the engine's CPU decode), or, with Config.unroll_layers,
+    # over static slices of the stack (per-layer residuals instead of the scan's [L, ...]
+    # stacks; interleaved timings showed no net gain on XLA:CPU, README Performance).
+    if layers is not None or (kv is None and cfg.unroll_layers):
       carry = (x_BTD, kv)
       for i in range(cfg.depth):
-        carry, _ = body(carry, jax.tree.map(lambda a, i=i: a[i], xs))
+        xs_i = jax.tree.map(lambda a, i=i: a[i], xs[1:])
+        p = layers[i] if layers is not None else jax.tree.map(lambda a, i=i: a[i], xs[0])
+        carry, _ = body(carry, (p, *xs_i))
       return carry
     (x_BTD, kv), _ = jax.lax.scan(body, (x_BTD, kv), xs)
     return x_BTD, kv

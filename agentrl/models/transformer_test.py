@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from agentrl.models import decoder_math
 from agentrl.models import presets
 from agentrl.models import testing
 from agentrl.models import transformer
@@ -77,7 +78,7 @@ class ConfigTest(parameterized.TestCase):
   def test_llama3_rope_rescales_only_low_frequencies(self):
     cfg = transformer.Config.named("llama-3.1-8b")
     plain = dataclasses.replace(cfg, rope_scaling="default")
-    ratio = transformer.rope_inv_freq(plain, False) / transformer.rope_inv_freq(cfg, False)
+    ratio = decoder_math.rope_inv_freq(plain, False) / decoder_math.rope_inv_freq(cfg, False)
     np.testing.assert_allclose(ratio[:20], 1.0)      # wavelength < 8192 / 4: untouched
     np.testing.assert_allclose(ratio[-10:], 8.0, rtol=1e-6)  # wavelength > 8192: / factor
     self.assertNotEmpty(ratio[(ratio > 1.0 + 1e-3) & (ratio < 8.0 - 1e-3)])  # smoothed band

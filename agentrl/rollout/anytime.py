@@ -31,8 +31,8 @@ from typing import Any
 import jax
 import numpy as np
 
-from agentrl.envs import base
 from agentrl.rollout import agent_loop
+from agentrl.rollout import engine as engine_lib
 
 
 @dataclasses.dataclass
@@ -89,7 +89,7 @@ def run(engine, params, tok, make_env: Callable[[], Any], seeds: Sequence[Any], 
     for b in budgets:
       contexts += [cut_context(prompt, sampled, b, think_end_id=think_end_id)] * num_summaries
       on_eos += [len(sampled[:b]) > 0 and int(sampled[:b][-1]) == tok.eos_id] * num_summaries
-  summaries, summary_metrics = sample_continuations(
+  summaries, summary_metrics = engine_lib.sample_continuations(
       engine, params, tok, contexts, rng=summary_rng, max_new_tokens=summary_tokens,
       temperature=temperature)
   per_row = len(budgets) * num_summaries
@@ -118,52 +118,6 @@ def run(engine, params, tok, make_env: Callable[[], Any], seeds: Sequence[Any], 
 # ---------------------------------------------------------------------------------------------
 # Continuations of given token contexts.
 # ---------------------------------------------------------------------------------------------
-class _ContextTokenizer:
-  """A tokenizer view whose encode(str(i)) is the i-th context's ids, so that `Engine.run`
-  starts an episode from given ids; every other attribute is the tokenizer's."""
-
-  def __init__(self, tok, contexts: Sequence[Sequence[int]]):
-    self._tok, self._contexts = tok, contexts
-
-  def encode(self, text: str, add_bos: bool = False) -> list[int]:
-    del add_bos  # a context already starts with the prompt's BOS, if any
-    return list(self._contexts[int(text)])
-
-  def __getattr__(self, name):
-    return getattr(self._tok, name)
-
-
-class _ContextEnv:
-  """One model turn from context `seed`; whoever asked for it scores the continuation."""
-  system_prompt = ""
-  max_turns = 1
-
-  def reset(self, seed: int) -> str:
-    return str(seed)
-
-  def step(self, action: str) -> base.StepResult:
-    del action
-    return "", 0.0, True, base.make_info(reward=0.0)
-
-
-def sample_continuations(engine, params, tok, contexts: Sequence[Sequence[int]], *,
-                         rng: jax.Array, max_new_tokens: int, temperature: float = 1.0
-                         ) -> tuple[list[agent_loop.Trajectory], dict[str, float]]:
-  """One sampled continuation of each context (token ids), in one `Engine.run`.
-
-  Token in, token out: the contexts are never decoded and re-encoded. Each trajectory's
-  tokens are its context (loss_mask 0) followed by the sampled ids (loss_mask 1), stopping at
-  EOS or an end-of-turn id of `tok`. Returns the engine's metrics too.
-  """
-  if not contexts:
-    return [], {}
-  return engine.run(params, _ContextTokenizer(tok, contexts), [_ContextEnv() for _ in contexts],
-                    list(range(len(contexts))), rng=rng, max_turns=1,
-                    max_new_tokens=max_new_tokens,
-                    max_len=max(map(len, contexts)) + max_new_tokens, temperature=temperature,
-                    chat_template=False)
-
-
 def stop_at(tok, *ids: int):
   """`tok` with extra stop ids (a view: `dataclasses.replace` of a Tokenizer dataclass)."""
   return dataclasses.replace(tok, end_of_turn_ids=tuple(tok.end_of_turn_ids) + tuple(ids))

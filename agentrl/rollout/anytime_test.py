@@ -7,6 +7,7 @@ import numpy as np
 from agentrl.envs import arithmetic
 from agentrl.envs import verbose_arithmetic as verbose
 from agentrl.rollout import agent_loop
+from agentrl.rollout import engine as engine_lib
 from agentrl.rollout import anytime
 
 END = 9  # think-end id in the unit cases
@@ -123,11 +124,11 @@ class RunTest(absltest.TestCase):
     tok = verbose.build_tokenizer(3)
     contexts = [[tok.bos_id, 4, 4], [tok.bos_id, 9]]
     engine = ScriptedEngine(lambda context: [len(context) + 5, tok.eos_id])
-    trajs, _ = anytime.sample_continuations(engine, None, tok, contexts, rng=jax.random.key(0),
+    trajs, _ = engine_lib.sample_continuations(engine, None, tok, contexts, rng=jax.random.key(0),
                                             max_new_tokens=4)
     self.assertEqual([list(t.tokens) for t in trajs],
                      [[tok.bos_id, 4, 4, 8, tok.eos_id], [tok.bos_id, 9, 7, tok.eos_id]])
-    self.assertEqual(anytime.sample_continuations(engine, None, tok, [], rng=jax.random.key(0),
+    self.assertEqual(engine_lib.sample_continuations(engine, None, tok, [], rng=jax.random.key(0),
                                                   max_new_tokens=4), ([], {}))
 
 

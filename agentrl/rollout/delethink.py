@@ -32,9 +32,9 @@ from typing import Any, Sequence
 import jax
 import numpy as np
 
-from agentrl.envs import base
 from agentrl.envs import safe
 from agentrl.rollout import agent_loop
+from agentrl.rollout import engine as engine_lib
 
 # pylint: disable=protected-access
 
@@ -53,34 +53,6 @@ class Trace:
   def trace_len(self) -> int:
     """Sampled tokens over all chunks (the official loss normaliser's trace length)."""
     return int(sum(c.loss_mask.sum() for c in self.chunks))
-
-
-class _IdPrompts:
-  """A tokenizer view whose encode(str(i)) is the i-th context's ids, so that `Engine.run`
-  starts episodes from given token ids; every other attribute is the tokenizer's."""
-
-  def __init__(self, tok, contexts: Sequence[Sequence[int]]):
-    self._tok, self._contexts = tok, contexts
-
-  def encode(self, text: str, add_bos: bool = False) -> list[int]:
-    del add_bos  # the contexts already hold the prompt's BOS, if any
-    return list(self._contexts[int(text)])
-
-  def __getattr__(self, name):
-    return getattr(self._tok, name)
-
-
-class _ContextEnv:
-  """One model turn from context `seed`; the task env is stepped by `run` at the end."""
-  system_prompt = ""
-  max_turns = 1
-
-  def reset(self, seed: int) -> str:
-    return str(seed)
-
-  def step(self, action: str) -> base.StepResult:
-    del action
-    return "", 0.0, True, base.make_info(reward=0.0)
 
 
 def carry_over(answer: Sequence[int], *, keep_head: int, keep_tail: int) -> list[int]:
@@ -155,11 +127,9 @@ def run(engine, params, tok, envs: Sequence[Any], seeds: Sequence[Any], *, rng: 
       break
     contexts = [prompts[i] + carries[i] for i in live]
     budget = chunk_size if k == 0 else budget_later
-    trajs, metrics = engine.run(
-        params, _IdPrompts(tok, contexts), [_ContextEnv() for _ in live],
-        list(range(len(live))), rng=_chunk_key(rng, k), max_turns=1, max_new_tokens=budget,
-        max_len=max(map(len, contexts)) + budget, greedy=[flags[i] for i in live],
-        chat_template=False, **sample_kwargs)
+    trajs, metrics = engine_lib.sample_continuations(
+        engine, params, tok, contexts, rng=_chunk_key(rng, k), max_new_tokens=budget,
+        greedy=[flags[i] for i in live], **sample_kwargs)
     for key in totals:
       totals[key] += metrics.get(key, 0.0)
     still = []

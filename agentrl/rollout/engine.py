@@ -12,7 +12,7 @@ episodes); `agent_loop.run_per_turn` is the simple per-turn reference it is test
   program writes the same columns for all slots (one write pointer), with the attention mask
   marking a slot's column valid only where that slot had a token; attention is causal by
   column and masked by validity, so holes cost nothing but space. When the pointer reaches the
-  end, `_compact` packs each live slot's valid columns to the left (order kept) and drops the
+  end, `engine_programs.compact` packs each live slot's valid columns to the left (order kept) and drops the
   rows of finished episodes; the cache doubles only when the compacted transcripts fill more
   than half of it, so its size follows the transcripts' length, not max_len.
 - **Prefill only what is new, once per distinct prompt.** A slot's cache holds its transcript
@@ -48,84 +48,12 @@ from agentrl.envs import base
 from agentrl.envs import safe
 from agentrl.models import transformer
 from agentrl.rollout import agent_loop
+from agentrl.rollout import engine_programs as programs
 from agentrl.rollout import env_workers as workers_lib
 from agentrl.rollout import sampler as sampler_lib
 
 # pylint: disable=protected-access
 _GAP_S = 0.002   # an env result gap after which a decode chunk starts without waiting longer
-
-
-def _take(cache, rows):
-  return transformer.KVCache(jnp.take(cache.k_LBSHK, rows, axis=1),
-                             jnp.take(cache.v_LBSHK, rows, axis=1),
-                             jnp.take(cache.valid_BS, rows, axis=0),
-                             jnp.take(cache.pos_BS, rows, axis=0))
-
-
-def _prefill(graphdef, params, layers, cache, rows_R, reset_R, tokens_RN, pos_RN, mask_RN,
-             dst_D, src_D, col):
-  """Prefills sub-batch rows `rows_R` at columns [col, col + N), then writes sub-row src_D[j]
-  into cache row dst_D[j] (out-of-range dst: dropped). `reset_R` rows start empty."""
-  model = nnx.merge(graphdef, params)
-  sub = _take(cache, rows_R)
-  sub = sub.replace(valid_BS=sub.valid_BS & ~reset_R[:, None])
-  _, sub = model.decode(tokens_RN, pos_RN, mask_RN, sub, col, layers=layers)
-  put = lambda x_full, x_sub, axis: x_full.at[(slice(None),) * axis + (dst_D,)].set(
-      jnp.take(x_sub, src_D, axis=axis), mode="drop")
-  return transformer.KVCache(put(cache.k_LBSHK, sub.k_LBSHK, 1), put(cache.v_LBSHK, sub.v_LBSHK, 1),
-                             put(cache.valid_BS, sub.valid_BS, 0), put(cache.pos_BS, sub.pos_BS, 0))
-
-
-def _decode(graphdef, params, layers, cache, col, feed_B, pos_B, active_B, budget_B, episode_B,
-            turn_B, step0_B, greedy_B, stop_BK, rng, temperature, top_p, *, num_steps, top_k,
-            use_top_p, logp_mode):
-  """Up to num_steps decode steps of the active slots at columns col, col + 1, ..."""
-  model = nnx.merge(graphdef, params)
-  B = feed_B.shape[0]
-  fold = jax.vmap(jax.random.fold_in)
-  turn_keys_B = jax.vmap(lambda e, u: jax.random.fold_in(jax.random.fold_in(rng, e), u))(
-      episode_B, turn_B)
-  sample = functools.partial(sampler_lib._sample, greedy_B=greedy_B, temperature=temperature,
-                             top_p=top_p, top_k=top_k, use_top_p=use_top_p, logp_mode=logp_mode)
-
-  def cond(carry):
-    s, _, _, _, _, _, _, done_B = carry
-    return (s < num_steps) & ~jnp.all(done_B)
-
-  def body(carry):
-    s, cache, feed_B, tokens_BK, logp_BK, lengths_B, stopped_B, done_B = carry
-    live_B = ~done_B
-    logits_B1V, cache = model.decode(feed_B[:, None], (pos_B + lengths_B)[:, None],
-                                     live_B[:, None], cache, col + s, layers=layers)
-    new_B, new_logp_B = sample(logits_B1V[:, 0], fold(turn_keys_B, step0_B + lengths_B))
-    rows = jnp.arange(B)
-    tokens_BK = tokens_BK.at[rows, lengths_B].set(
-        jnp.where(live_B, new_B, tokens_BK[rows, lengths_B]), mode="drop")
-    logp_BK = logp_BK.at[rows, lengths_B].set(jnp.where(live_B, new_logp_B, 0.0), mode="drop")
-    stopped_B = stopped_B | (live_B & jnp.any(new_B[:, None] == stop_BK, axis=-1))
-    lengths_B = lengths_B + live_B.astype(jnp.int32)
-    done_B = done_B | stopped_B | (lengths_B >= budget_B)
-    return s + 1, cache, jnp.where(live_B, new_B, feed_B), tokens_BK, logp_BK, lengths_B, \
-        stopped_B, done_B
-
-  carry = (jnp.int32(0), cache, feed_B, jnp.zeros((B, num_steps), jnp.int32),
-           jnp.zeros((B, num_steps), jnp.float32), jnp.zeros((B,), jnp.int32),
-           jnp.zeros((B,), bool), ~active_B | (budget_B <= 0))
-  steps, cache, _, tokens_BK, logp_BK, lengths_B, stopped_B, _ = jax.lax.while_loop(
-      cond, body, carry)
-  return cache, tokens_BK, logp_BK, lengths_B, stopped_B, steps
-
-
-def _compact(cache, live_B):
-  """Drops dead rows and moves each live row's valid columns to the left, in order; returns
-  (cache, columns used)."""
-  valid_BS = cache.valid_BS & live_B[:, None]
-  order_BS = jnp.argsort(~valid_BS, axis=1, stable=True)
-  take = lambda x_LBSHK: jnp.take_along_axis(x_LBSHK, order_BS[None, :, :, None, None], axis=2)
-  valid_BS = jnp.take_along_axis(valid_BS, order_BS, axis=1)
-  cache = transformer.KVCache(take(cache.k_LBSHK), take(cache.v_LBSHK), valid_BS,
-                              jnp.take_along_axis(cache.pos_BS, order_BS, axis=1))
-  return cache, jnp.max(jnp.sum(valid_BS, axis=1))
 
 
 class _Slot:
@@ -177,10 +105,10 @@ class Engine:
       unroll_layers = jax.default_backend() == "cpu"
     self.unroll_layers = bool(unroll_layers)
     self._unstack = jax.jit(lambda params: transformer.unstack_layers(params))
-    self._prefill = jax.jit(functools.partial(_prefill, graphdef), donate_argnums=(2,))
-    self._decode = jax.jit(functools.partial(_decode, graphdef), donate_argnums=(2,),
+    self._prefill = jax.jit(functools.partial(programs.prefill, graphdef), donate_argnums=(2,))
+    self._decode = jax.jit(functools.partial(programs.decode, graphdef), donate_argnums=(2,),
                            static_argnames=("num_steps", "top_k", "use_top_p", "logp_mode"))
-    self._compact = jax.jit(_compact, donate_argnums=(0,))
+    self._compact = jax.jit(programs.compact, donate_argnums=(0,))
     self.chunk_s = 0.02   # wall time of the last decode chunk (how long to wait for envs)
 
   def run(self, params, tok, envs: Sequence[Any], seeds: Sequence[Any], *, rng: jax.Array,
@@ -420,3 +348,55 @@ class _Run:
         slot.stopped = bool(stopped[i])
         ended.append((i, self.tok.decode([int(t) for t in (ids[:-1] if stopped[i] else ids)])))
     return ended
+
+
+# ---------------------------------------------------------------------------------------------
+# Continuations of given token contexts.
+# ---------------------------------------------------------------------------------------------
+class _ContextTokenizer:
+  """A tokenizer view whose encode(str(i)) is the i-th context's ids, so that `Engine.run`
+  starts an episode from given ids; every other attribute is the tokenizer's."""
+
+  def __init__(self, tok, contexts: Sequence[Sequence[int]]):
+    self._tok, self._contexts = tok, contexts
+
+  def encode(self, text: str, add_bos: bool = False) -> list[int]:
+    del add_bos  # a context already starts with the prompt's BOS, if any
+    return list(self._contexts[int(text)])
+
+  def __getattr__(self, name):
+    return getattr(self._tok, name)
+
+
+class _ContextEnv:
+  """One model turn from context `seed`; whoever asked for it scores the continuation."""
+  system_prompt = ""
+  max_turns = 1
+
+  def reset(self, seed: int) -> str:
+    return str(seed)
+
+  def step(self, action: str) -> base.StepResult:
+    del action
+    return "", 0.0, True, base.make_info(reward=0.0)
+
+
+def sample_continuations(engine, params, tok, contexts: Sequence[Sequence[int]], *,
+                         rng: jax.Array, max_new_tokens: int,
+                         greedy: bool | Sequence[bool] = False, **sample_kwargs
+                         ) -> tuple[list[agent_loop.Trajectory], dict[str, float]]:
+  """One sampled continuation of each context (token ids), in one `engine.run`.
+
+  Token in, token out: the contexts are never decoded and re-encoded. Each trajectory's
+  tokens are its context (loss_mask 0) followed by the sampled ids (loss_mask 1), stopping at
+  EOS or an end-of-turn id of `tok`. Returns the engine's metrics too. `greedy` and
+  `sample_kwargs` (temperature, top_k, top_p, logp_mode) are `Engine.run`'s. Used by the
+  rollout wrappers that restart from token contexts (rollout/anytime.py, rollout/delethink.py).
+  """
+  if not contexts:
+    return [], {}
+  return engine.run(params, _ContextTokenizer(tok, contexts), [_ContextEnv() for _ in contexts],
+                    list(range(len(contexts))), rng=rng, max_turns=1,
+                    max_new_tokens=max_new_tokens,
+                    max_len=max(map(len, contexts)) + max_new_tokens, greedy=greedy,
+                    chat_template=False, **sample_kwargs)

@@ -16,7 +16,7 @@ not actions, so they get loss_mask 0 even though the model attends to them (docs
 Padding is right-padding, so cutting columns past a row's length changes none of its real
 tokens' log-probs (attention is causal and pads are masked keys): a row gives the same values
 in any bucket that holds it. `length_sorted_layout` plans minibatches of rows of similar
-length, each padded only to its own bucket (`loop.length_sorted_minibatches`).
+length, each padded only to its own bucket (`minibatch.length_sorted_minibatches`).
 """
 from typing import Sequence
 

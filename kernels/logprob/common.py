@@ -86,3 +86,17 @@ def dlogits(z, dz_ds, col, y, valid, lse, mean_z, g, g_ent):
     dz = dz + g_ent * p * (mean_z - z)
   # `where`, not a multiply: masked columns may hold NaN garbage from out-of-bounds reads.
   return jnp.where(valid, dz * dz_ds, 0.0)
+
+
+def add_vocab_chunk_grads(dh_ND, dw_DV, hidden_ND, w_Dc, ds_Nc, start, fresh_1c):
+  """One vocabulary chunk's backward: dh += dS W_c^T, and dW[:, start:start + c] = h^T dS on
+  the chunk's fresh columns (a ragged last chunk overlaps the previous one), written in place
+  into the [D, V] result: no [V, D] accumulator and no transposed copy."""
+  dh_ND = dh_ND + jax.lax.dot_general(ds_Nc, w_Dc, (((1,), (1,)), ((), ())),
+                                      preferred_element_type=jnp.float32)
+  dw_Dc = jax.lax.dot_general(hidden_ND, ds_Nc, (((0,), (0,)), ((), ())),
+                              preferred_element_type=jnp.float32)
+  old_Dc = jax.lax.dynamic_slice_in_dim(dw_DV, start, w_Dc.shape[1], axis=1)
+  dw_DV = jax.lax.dynamic_update_slice_in_dim(dw_DV, jnp.where(fresh_1c, dw_Dc, old_Dc),
+                                              start, axis=1)
+  return dh_ND, dw_DV

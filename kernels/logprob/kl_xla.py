@@ -115,14 +115,7 @@ def _backward_vocab(h_s, w_s, h_t, w_t, per_token, *, kind, temperature, block_s
     wt_Dc = jax.lax.dynamic_slice_in_dim(w_t, start, cols, axis=1)
     fresh_1c = start + jnp.arange(cols, dtype=jnp.int32)[None, :] >= c * cols
     ds_Nc = _ds(h_s, ws_Dc, h_t, wt_Dc, fresh_1c, tok, kind=kind, temperature=temperature)
-    dh_ND = dh_ND + jax.lax.dot_general(ds_Nc, ws_Dc, (((1,), (1,)), ((), ())),
-                                        preferred_element_type=jnp.float32)
-    dw_Dc = jax.lax.dot_general(h_s, ds_Nc, (((0,), (0,)), ((), ())),
-                                preferred_element_type=jnp.float32)
-    old_Dc = jax.lax.dynamic_slice_in_dim(dw_DV, start, cols, axis=1)
-    dw_DV = jax.lax.dynamic_update_slice_in_dim(dw_DV, jnp.where(fresh_1c, dw_Dc, old_Dc),
-                                                start, axis=1)
-    return (dh_ND, dw_DV), None
+    return common.add_vocab_chunk_grads(dh_ND, dw_DV, h_s, ws_Dc, ds_Nc, start, fresh_1c), None
 
   init = (jnp.zeros((n, d), jnp.float32), jnp.zeros((d, v), jnp.float32))
   (dh_ND, dw_DV), _ = jax.lax.scan(step, init, jnp.arange(-(-v // cols)))

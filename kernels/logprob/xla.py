@@ -126,15 +126,8 @@ def _backward_vocab(hidden_ND, w_DV, targets_N, lse_N, mean_z_N, g_N, g_ent_N, *
                                    softcap=softcap)
     ds_Nc = common.dlogits(z_Nc, dz_ds, col_1c, y_n1, fresh_1c, lse, mean_z, g, g_ent)
     ds_Nc = ds_Nc.astype(w_DV.dtype)
-    dh_ND = dh_ND + jax.lax.dot_general(ds_Nc, w_Dc, (((1,), (1,)), ((), ())),
-                                        preferred_element_type=jnp.float32)
-    dw_Dc = jax.lax.dot_general(hidden_ND, ds_Nc, (((0,), (0,)), ((), ())),
-                                preferred_element_type=jnp.float32)
-    old_Dc = jax.lax.dynamic_slice_in_dim(dw_DV, start, cols, axis=1)
-    # In place into the [D, V] result: no [V, D] accumulator and no transposed copy.
-    dw_DV = jax.lax.dynamic_update_slice_in_dim(dw_DV, jnp.where(fresh_1c, dw_Dc, old_Dc),
-                                                start, axis=1)
-    return (dh_ND, dw_DV), None
+    return common.add_vocab_chunk_grads(dh_ND, dw_DV, hidden_ND, w_Dc, ds_Nc, start,
+                                        fresh_1c), None
 
   init = (jnp.zeros((n, d), jnp.float32), jnp.zeros((d, v), jnp.float32))
   (dh_ND, dw_DV), _ = jax.lax.scan(step, init, jnp.arange(num))

@@ -1,0 +1,129 @@
+# pylint: disable=invalid-name
+"""The pure per-layer math of `transformer.Transformer`: norms, RoPE, attention, one layer.
+
+Inside the layer scan (or loop) the leading L axis of every parameter is gone; `cfg` is the
+model's `transformer.Config`. Kept apart from the module classes so the math reads on its own.
+"""
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+ACTIVATIONS = {
+    "silu": jax.nn.silu,
+    "gelu_tanh": functools.partial(jax.nn.gelu, approximate=True),
+    "gelu": functools.partial(jax.nn.gelu, approximate=False),
+}
+_MASKED = float(np.finfo(np.float32).min)  # finite: a row with no visible key stays finite
+
+
+def rms_norm(cfg, x, scale):
+  x32 = x.astype(jnp.float32)
+  y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + cfg.norm_eps)
+  scale = scale.reshape((1,) * (x.ndim - 1) + scale.shape)
+  if cfg.norm_plus_one:  # Gemma multiplies in f32 before casting back
+    return (y * (1.0 + scale.astype(jnp.float32))).astype(x.dtype)
+  return y.astype(x.dtype) * scale.astype(x.dtype)
+
+
+def rope_inv_freq(cfg, local: bool) -> np.ndarray:
+  """RoPE inverse frequencies [K/2], with the rescaling of the layer's kind (HF conventions)."""
+  theta = cfg.rope_local_theta if local and cfg.rope_local_theta is not None else cfg.rope_theta
+  exponents = np.arange(0, cfg.head_dim, 2, dtype=np.float32) / np.float32(cfg.head_dim)
+  inv = (1.0 / (np.float32(theta) ** exponents)).astype(np.float32)
+  if (local and cfg.rope_local_theta is not None) or cfg.rope_scaling == "default":
+    return inv
+  if cfg.rope_scaling == "linear":
+    return inv / np.float32(cfg.rope_factor)
+  # Llama 3: keep high frequencies, divide low ones by `factor`, interpolate in between.
+  low_wavelen = cfg.rope_original_max_len / cfg.rope_low_freq_factor
+  high_wavelen = cfg.rope_original_max_len / cfg.rope_high_freq_factor
+  wavelen = 2 * np.pi / inv
+  scaled = np.where(wavelen > low_wavelen, inv / cfg.rope_factor, inv)
+  smooth = ((cfg.rope_original_max_len / wavelen - cfg.rope_low_freq_factor)
+            / (cfg.rope_high_freq_factor - cfg.rope_low_freq_factor))
+  smoothed = (1 - smooth) * scaled / cfg.rope_factor + smooth * scaled
+  medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+  return np.where(medium, smoothed, scaled).astype(np.float32)
+
+
+def rope_tables(cfg, positions_BT, local: bool):
+  angle_BTk = positions_BT.astype(jnp.float32)[..., None] * rope_inv_freq(cfg, local)[None, None]
+  return jnp.sin(angle_BTk), jnp.cos(angle_BTk)
+
+
+def apply_rope(x_BTHK, sin_BTk, cos_BTk):
+  # Rotates the two halves of each head (HF "rotate_half" layout, not interleaved pairs).
+  x1, x2 = jnp.split(x_BTHK.astype(jnp.float32), 2, axis=-1)
+  sin, cos = sin_BTk[:, :, None], cos_BTk[:, :, None]
+  out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+  return out.astype(x_BTHK.dtype)
+
+
+def no_adapter(name, x, y):
+  del name, x
+  return y
+
+
+def _project_qkv(cfg, p, x_BTD, sin_cos, adapt):
+  dt = cfg.dtype
+  proj = lambda name, w: adapt(name, x_BTD, jnp.einsum("btd,dhk->bthk", x_BTD, w.astype(dt)))
+  q_BTHK, k_BTHK, v_BTHK = proj("q", p["q_LDHK"]), proj("k", p["k_LDHK"]), proj("v", p["v_LDHK"])
+  if cfg.qkv_bias:
+    q_BTHK = q_BTHK + p["q_bias_LHK"].astype(dt)[None, None]
+    k_BTHK = k_BTHK + p["k_bias_LHK"].astype(dt)[None, None]
+    v_BTHK = v_BTHK + p["v_bias_LHK"].astype(dt)[None, None]
+  if cfg.qk_norm:
+    q_BTHK = rms_norm(cfg, q_BTHK, p["q_norm_LK"])
+    k_BTHK = rms_norm(cfg, k_BTHK, p["k_norm_LK"])
+  return apply_rope(q_BTHK, *sin_cos), apply_rope(k_BTHK, *sin_cos), v_BTHK
+
+
+def _attend(cfg, q_BTHK, k_BSGK, v_BSGK, allowed_BTS):
+  """Softmax attention; G is the KV-head count and R = H / G query heads share each KV head."""
+  b, t, h, k = q_BTHK.shape
+  g = k_BSGK.shape[2]
+  q_BTGRK = q_BTHK.reshape(b, t, g, h // g, k)
+  scale = (cfg.query_pre_attn_scalar or cfg.head_dim) ** -0.5
+  s_BGRTS = jnp.einsum("btgrk,bsgk->bgrts", q_BTGRK, k_BSGK,
+                       preferred_element_type=jnp.float32) * scale
+  if cfg.attn_logit_softcap:
+    s_BGRTS = cfg.attn_logit_softcap * jnp.tanh(s_BGRTS / cfg.attn_logit_softcap)
+  s_BGRTS = jnp.where(allowed_BTS[:, None, None], s_BGRTS, _MASKED)
+  p_BGRTS = jax.nn.softmax(s_BGRTS, axis=-1).astype(v_BSGK.dtype)
+  o_BTGRK = jnp.einsum("bgrts,bsgk->btgrk", p_BGRTS, v_BSGK)
+  return o_BTGRK.reshape(b, t, h, k)
+
+
+def layer(cfg, p, x_BTD, sin_cos, allowed_BTS, kv_fn, adapt=no_adapter):
+  """One pre-norm decoder layer. kv_fn maps this step's (k, v) to all visible (k, v);
+  adapt(name, x, y) may add a term to each projection y = x W (see `Transformer.hidden`)."""
+  dt = cfg.dtype
+  a, m = p["attn"], p["mlp"]
+  h_BTD = rms_norm(cfg, x_BTD, p["pre_attn_norm_LD"])
+  q_BTHK, k_BTGK, v_BTGK = _project_qkv(cfg, a, h_BTD, sin_cos, adapt)
+  k_BSGK, v_BSGK = kv_fn(k_BTGK, v_BTGK)
+  o_BTHK = _attend(cfg, q_BTHK, k_BSGK, v_BSGK, allowed_BTS)
+  h_BTD = adapt("o", o_BTHK, jnp.einsum("bthk,hkd->btd", o_BTHK, a["o_LHKD"].astype(dt)))
+  if cfg.post_norms:
+    h_BTD = rms_norm(cfg, h_BTD, p["post_attn_norm_LD"])
+  x_BTD = x_BTD + h_BTD
+  h_BTD = rms_norm(cfg, x_BTD, p["pre_mlp_norm_LD"])
+  gate_BTF = adapt("gate", h_BTD, jnp.einsum("btd,df->btf", h_BTD, m["gate_LDF"].astype(dt)))
+  up_BTF = adapt("up", h_BTD, jnp.einsum("btd,df->btf", h_BTD, m["up_LDF"].astype(dt)))
+  g_BTF = ACTIVATIONS[cfg.act](gate_BTF) * up_BTF
+  h_BTD = adapt("down", g_BTF, jnp.einsum("btf,fd->btd", g_BTF, m["down_LFD"].astype(dt)))
+  if cfg.post_norms:
+    h_BTD = rms_norm(cfg, h_BTD, p["post_mlp_norm_LD"])
+  return x_BTD + h_BTD
+
+
+def allowed(cfg, q_pos_BT, k_pos_BS, q_slot_T, k_valid_BS):
+  """(global, local) [B, T, S] masks of which slots each new token may attend to."""
+  k_slot_S = jnp.arange(k_valid_BS.shape[1], dtype=jnp.int32)
+  causal_BTS = (k_slot_S[None, None, :] <= q_slot_T[None, :, None]) & k_valid_BS[:, None, :]
+  if cfg.sliding_window is None:
+    return causal_BTS, causal_BTS
+  near_BTS = (q_pos_BT[:, :, None] - k_pos_BS[:, None, :]) < cfg.sliding_window
+  return causal_BTS, causal_BTS & near_BTS

@@ -1,0 +1,91 @@
+# pylint: disable=invalid-name
+"""The device programs `engine.Engine` jits and schedules: prefill, chunked decode, compaction.
+
+All are pure functions of (params, cache, host-chosen indices); the engine's scheduler
+(`agentrl/rollout/engine.py`) decides which slots each call touches. `layers` is
+`transformer.unstack_layers(params)` or None (see `Transformer.decode`).
+"""
+import functools
+
+from flax import nnx
+import jax
+import jax.numpy as jnp
+
+from agentrl.models import transformer
+from agentrl.rollout import sampler as sampler_lib
+
+# pylint: disable=protected-access
+
+
+def take(cache, rows):
+  """The cache rows `rows` (a sub-batch of slots)."""
+  return transformer.KVCache(jnp.take(cache.k_LBSHK, rows, axis=1),
+                             jnp.take(cache.v_LBSHK, rows, axis=1),
+                             jnp.take(cache.valid_BS, rows, axis=0),
+                             jnp.take(cache.pos_BS, rows, axis=0))
+
+
+def prefill(graphdef, params, layers, cache, rows_R, reset_R, tokens_RN, pos_RN, mask_RN,
+             dst_D, src_D, col):
+  """Prefills sub-batch rows `rows_R` at columns [col, col + N), then writes sub-row src_D[j]
+  into cache row dst_D[j] (out-of-range dst: dropped). `reset_R` rows start empty."""
+  model = nnx.merge(graphdef, params)
+  sub = take(cache, rows_R)
+  sub = sub.replace(valid_BS=sub.valid_BS & ~reset_R[:, None])
+  _, sub = model.decode(tokens_RN, pos_RN, mask_RN, sub, col, layers=layers)
+  put = lambda x_full, x_sub, axis: x_full.at[(slice(None),) * axis + (dst_D,)].set(
+      jnp.take(x_sub, src_D, axis=axis), mode="drop")
+  return transformer.KVCache(put(cache.k_LBSHK, sub.k_LBSHK, 1), put(cache.v_LBSHK, sub.v_LBSHK, 1),
+                             put(cache.valid_BS, sub.valid_BS, 0), put(cache.pos_BS, sub.pos_BS, 0))
+
+
+def decode(graphdef, params, layers, cache, col, feed_B, pos_B, active_B, budget_B, episode_B,
+            turn_B, step0_B, greedy_B, stop_BK, rng, temperature, top_p, *, num_steps, top_k,
+            use_top_p, logp_mode):
+  """Up to num_steps decode steps of the active slots at columns col, col + 1, ..."""
+  model = nnx.merge(graphdef, params)
+  B = feed_B.shape[0]
+  fold = jax.vmap(jax.random.fold_in)
+  turn_keys_B = jax.vmap(lambda e, u: jax.random.fold_in(jax.random.fold_in(rng, e), u))(
+      episode_B, turn_B)
+  sample = functools.partial(sampler_lib._sample, greedy_B=greedy_B, temperature=temperature,
+                             top_p=top_p, top_k=top_k, use_top_p=use_top_p, logp_mode=logp_mode)
+
+  def cond(carry):
+    s, _, _, _, _, _, _, done_B = carry
+    return (s < num_steps) & ~jnp.all(done_B)
+
+  def body(carry):
+    s, cache, feed_B, tokens_BK, logp_BK, lengths_B, stopped_B, done_B = carry
+    live_B = ~done_B
+    logits_B1V, cache = model.decode(feed_B[:, None], (pos_B + lengths_B)[:, None],
+                                     live_B[:, None], cache, col + s, layers=layers)
+    new_B, new_logp_B = sample(logits_B1V[:, 0], fold(turn_keys_B, step0_B + lengths_B))
+    rows = jnp.arange(B)
+    tokens_BK = tokens_BK.at[rows, lengths_B].set(
+        jnp.where(live_B, new_B, tokens_BK[rows, lengths_B]), mode="drop")
+    logp_BK = logp_BK.at[rows, lengths_B].set(jnp.where(live_B, new_logp_B, 0.0), mode="drop")
+    stopped_B = stopped_B | (live_B & jnp.any(new_B[:, None] == stop_BK, axis=-1))
+    lengths_B = lengths_B + live_B.astype(jnp.int32)
+    done_B = done_B | stopped_B | (lengths_B >= budget_B)
+    return s + 1, cache, jnp.where(live_B, new_B, feed_B), tokens_BK, logp_BK, lengths_B, \
+        stopped_B, done_B
+
+  carry = (jnp.int32(0), cache, feed_B, jnp.zeros((B, num_steps), jnp.int32),
+           jnp.zeros((B, num_steps), jnp.float32), jnp.zeros((B,), jnp.int32),
+           jnp.zeros((B,), bool), ~active_B | (budget_B <= 0))
+  steps, cache, _, tokens_BK, logp_BK, lengths_B, stopped_B, _ = jax.lax.while_loop(
+      cond, body, carry)
+  return cache, tokens_BK, logp_BK, lengths_B, stopped_B, steps
+
+
+def compact(cache, live_B):
+  """Drops dead rows and moves each live row's valid columns to the left, in order; returns
+  (cache, columns used)."""
+  valid_BS = cache.valid_BS & live_B[:, None]
+  order_BS = jnp.argsort(~valid_BS, axis=1, stable=True)
+  take = lambda x_LBSHK: jnp.take_along_axis(x_LBSHK, order_BS[None, :, :, None, None], axis=2)
+  valid_BS = jnp.take_along_axis(valid_BS, order_BS, axis=1)
+  cache = transformer.KVCache(take(cache.k_LBSHK), take(cache.v_LBSHK), valid_BS,
+                              jnp.take_along_axis(cache.pos_BS, order_BS, axis=1))
+  return cache, jnp.max(jnp.sum(valid_BS, axis=1))
