@@ -92,15 +92,18 @@ def brpo_thinking(budget_score_BS: jax.Array, *, group_size: int, budget_probs: 
   d_PGS = R_PGS - R_PGS.min(axis=2, keepdims=True)
   w_S = jnp.power(jnp.float32(discount), jnp.arange(S, dtype=jnp.float32))
   w_prefix_S = jnp.cumsum(w_S) - w_S                             # sum_{j < s} d^j
-  d_prefix_PGS = jnp.cumsum(d_PGS * w_S, axis=2) - d_PGS * w_S
-  prev_mean_PGS = jnp.where(w_prefix_S > 0, d_prefix_PGS / jnp.maximum(w_prefix_S, 1e-30), 0.0)
+  w_11S, w_prefix_11S = w_S[None, None], w_prefix_S[None, None]
+  d_prefix_PGS = jnp.cumsum(d_PGS * w_11S, axis=2) - d_PGS * w_11S
+  prev_mean_PGS = jnp.where(w_prefix_11S > 0, d_prefix_PGS / jnp.maximum(w_prefix_11S, 1e-30),
+                            0.0)
   # Ret - V1 = sum_{j >= s} p_j (R_j - mean_prev); at s = 0, V1 = 0 and this is Ret itself.
-  tail_d_PGS = jnp.cumsum((d_PGS * p_S)[..., ::-1], axis=2)[..., ::-1]
-  ret_PGS = tail_d_PGS + R_PGS.min(axis=2, keepdims=True) * tail_S
-  minus_v1_PGS = jnp.where(jnp.arange(S) > 0, tail_d_PGS - prev_mean_PGS * tail_S, ret_PGS)
+  tail_d_PGS = jnp.cumsum((d_PGS * p_S[None, None])[..., ::-1], axis=2)[..., ::-1]
+  ret_PGS = tail_d_PGS + R_PGS.min(axis=2, keepdims=True) * tail_S[None, None]
+  minus_v1_PGS = jnp.where(jnp.arange(S)[None, None] > 0,
+                           tail_d_PGS - prev_mean_PGS * tail_S[None, None], ret_PGS)
   minus_v2_PGS = _centre_over_group(ret_PGS) if group_size > 1 else ret_PGS
-  s_S = jnp.arange(S, dtype=jnp.float32)
-  adv_PGS = {"brpo": (s_S * minus_v1_PGS + (S - s_S) * minus_v2_PGS) / S,
+  s_11S = jnp.arange(S, dtype=jnp.float32)[None, None]
+  adv_PGS = {"brpo": (s_11S * minus_v1_PGS + (S - s_11S) * minus_v2_PGS) / S,
              "v1only": minus_v1_PGS, "v2only": minus_v2_PGS, "none": ret_PGS
              }[variance_reduction]
   return adv_PGS.reshape(budget_score_BS.shape)
@@ -218,10 +221,10 @@ def decs_token_rewards(score_B: jax.Array, redundant_BT: jax.Array, loss_mask_BT
   s_B1 = score_B.astype(jnp.float32)[:, None]
   L_B1 = (loss_mask_BT > 0).sum(axis=1, keepdims=True).astype(jnp.float32)
   marked_BT = (redundant_BT > 0) & (s_B1 > 0)
-  t_T = jnp.arange(marked_BT.shape[1])
-  first_B1 = jnp.min(jnp.where(marked_BT, t_T, marked_BT.shape[1]), axis=1, keepdims=True)
-  last_B1 = jnp.max(jnp.where(marked_BT, t_T, -1), axis=1, keepdims=True)
-  span_BT = (t_T >= first_B1) & (t_T <= last_B1)
+  t_1T = jnp.arange(marked_BT.shape[1])[None]
+  first_B1 = jnp.min(jnp.where(marked_BT, t_1T, marked_BT.shape[1]), axis=1, keepdims=True)
+  last_B1 = jnp.max(jnp.where(marked_BT, t_1T, -1), axis=1, keepdims=True)
+  span_BT = (t_1T >= first_B1) & (t_1T <= last_B1)
   return jnp.where(span_BT, s_B1 + beta * (1.0 - L_B1 / max_response_len), s_B1 * (1.0 + beta))
 
 

@@ -155,6 +155,6 @@ def trailing_filler(tokens_BT: jax.Array, loss_mask_BT: jax.Array, *, filler_id:
   filler_BT = tokens_BT == filler_id
   stop_BT = jnp.isin(tokens_BT, jnp.asarray(stop_ids, jnp.int32))
   content_BT = sampled_BT & ~filler_BT & ~stop_BT
-  t_T = jnp.arange(tokens_BT.shape[1])
-  last_B1 = jnp.max(jnp.where(content_BT, t_T, -1), axis=1, keepdims=True)
-  return sampled_BT & filler_BT & (t_T > last_B1) & (last_B1 >= 0)
+  t_1T = jnp.arange(tokens_BT.shape[1])[None]
+  last_B1 = jnp.max(jnp.where(content_BT, t_1T, -1), axis=1, keepdims=True)
+  return sampled_BT & filler_BT & (t_1T > last_B1) & (last_B1 >= 0)
