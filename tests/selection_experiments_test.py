@@ -5,10 +5,12 @@ Each experiment's smoke run is in tests/experiments_smoke_test.py; here, hand-si
 through each file's advantage step: golden values computed by hand (COPO, ETR, KTO), numpy
 references of the selection (D3S) and of the confidences (ARM), the RL invariants (an
 all-equal group gets exactly 0, masked tokens get 0) and the neutral settings that reduce to
-GRPO (ARM alpha = 0, DelTA w_min = w_max = 1). Experiments are imported by module name.
+GRPO (ARM alpha = 0, DelTA w_min = w_max = 1); HAPO's update writes the entropy statistics
+its next rollout's adaptive temperature reads. Experiments are imported by module name.
 """
 import importlib
 import math
+from unittest import mock
 
 from absl.testing import absltest
 import jax.numpy as jnp
@@ -167,6 +169,40 @@ class DeltaTest(absltest.TestCase):
     out, _ = delta.make_advantage_fn(config, graphdef)(params, batch)
     np.testing.assert_allclose(out.adv_BT[:, PROMPT:], np.repeat(adv_B[:, None], 5, 1),
                                rtol=1e-6)
+
+
+class HapoTemperatureTest(absltest.TestCase):
+  """HAPO's update writes the entropy statistics; the next rollout samples with them."""
+
+  def test_update_writes_stats_and_rollout_reads_them(self):
+    hapo = _module("hapo")
+    cfg = transformer.Config.named("tiny", vocab=16, width=16, depth=1, heads=2, kv_heads=2,
+                                   head_dim=8, mlp=32)
+    graphdef, params = testing.random_params(cfg)
+    config = hapo.get_config("smoke")
+    tx = hapo.recipe.make_optimizer(config.optim)
+    mesh = hapo.sharding.make_mesh(config.mesh)
+    state, _ = hapo.init_state(config, params, tx, mesh)
+    np.testing.assert_array_equal(state.entropy_stats, np.zeros(5))
+    batch = _batch([1.0, 0.0, 1.0, 1.0]).replace(adv_BT=jnp.ones((4, T)))
+    new_state, _ = hapo.make_update_step(config, graphdef, tx)(state, batch)
+    _, entropy_BT = hapo.policy_lib.token_logprobs(
+        hapo.nnx.merge(graphdef, params), batch.tokens_BT,
+        batch.positions_BT, batch.input_mask_BT, temperature=config.rollout.temperature,
+        return_entropy=True, impl=config.model.logprob_impl)
+    want = hapo.trust_region.hapo_entropy_stats(entropy_BT, batch.loss_mask_BT, pivot=0.8)
+    np.testing.assert_allclose(new_state.entropy_stats, np.concatenate([[1.0], want]),
+                               rtol=1e-5)
+
+    seen = []
+    fake = lambda *args, **kwargs: seen.append(kwargs["adaptive_temperature"])
+    data = mock.Mock(take=lambda n: [{"seed": i} for i in range(n)])
+    rollout_fn = hapo.make_rollout_fn(config, None, mock.Mock(), None, data, mesh)
+    with mock.patch.object(hapo.loop, "env_rollout", fake):
+      rollout_fn((params, state.entropy_stats), None, 1)
+      rollout_fn((params, new_state.entropy_stats), None, 2)
+    self.assertIsNone(seen[0])  # before any update: the plain temperature
+    np.testing.assert_allclose(seen[1], (0.05, 1.0, *np.asarray(want)), rtol=1e-6)
 
 
 if __name__ == "__main__":

@@ -69,6 +69,23 @@ def hapo_entropy_signal(entropy_BT: jax.Array, mask_BT: jax.Array, *, pivot: flo
   [INF] signed=True divides by |neg_min| instead, giving h_hat in [-1, 1] with low-entropy
   tokens negative, which is what the paper's description of those branches implies.
   """
+  median, rms, pos_max, neg_min = hapo_entropy_stats(entropy_BT, mask_BT, pivot=pivot, eps=eps)
+  valid_BT = mask_BT > 0
+  log_h_BT = jnp.log(jnp.maximum(jax.lax.stop_gradient(entropy_BT).astype(jnp.float32), eps))
+  h_BT = (log_h_BT - median) / rms
+  low_BT = h_BT / (-neg_min if signed else neg_min)
+  return jnp.where(valid_BT, jnp.where(h_BT > 0, h_BT / pos_max, low_BT), 0.0)
+
+
+def hapo_entropy_stats(entropy_BT: jax.Array, mask_BT: jax.Array, *, pivot: float = 0.8,
+                       eps: float = 1e-8) -> jax.Array:
+  """float32[4] (m, s, pos_max, neg_min): the statistics `hapo_entropy_signal` normalises by.
+
+  m is the `pivot` quantile of l = log(max(H, eps)) over the valid tokens, s the root mean
+  square of l - m, pos_max = max(max h, eps) and neg_min = min(min h, -eps) for
+  h = (l - m) / s. All zero-gradient. The rollout's adaptive temperature
+  (`sampler.entropy_temperature`) reads them from the previous update.
+  """
   if not 0.0 <= pivot <= 1.0:
     raise ValueError(f"pivot must be a quantile level in [0, 1]; got {pivot}.")
   valid_BT = mask_BT > 0
@@ -83,8 +100,7 @@ def hapo_entropy_signal(entropy_BT: jax.Array, mask_BT: jax.Array, *, pivot: flo
   h_BT = h_BT / rms
   pos_max = jnp.maximum(jnp.where(valid_BT & (h_BT > 0), h_BT, 0.0).max(), eps)
   neg_min = jnp.minimum(jnp.where(valid_BT & (h_BT < 0), h_BT, 0.0).min(), -eps)
-  low_BT = h_BT / (-neg_min if signed else neg_min)
-  return jnp.where(valid_BT, jnp.where(h_BT > 0, h_BT / pos_max, low_BT), 0.0)
+  return jnp.stack([median, rms, pos_max, neg_min])
 
 
 def hapo_clip_bounds(h_hat_BT: jax.Array, *, eps_low: float = 0.2, eps_high: float = 0.2,

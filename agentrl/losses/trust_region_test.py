@@ -67,6 +67,10 @@ class HapoSignalTest(chex.TestCase):
     fn = self.variant(functools.partial(tr.hapo_entropy_signal, pivot=0.5))
     np.testing.assert_allclose(fn(entropy, mask), [[1, 0.5, 0, 0], [1 / 3, 2 / 3, 1, 0]],
                                rtol=1e-6, atol=1e-7)
+    # The statistics the rollout's adaptive temperature reads: (m, rms, max h, min h).
+    rms = np.sqrt(19 / 6)
+    np.testing.assert_allclose(tr.hapo_entropy_stats(entropy, mask, pivot=0.5),
+                               [2.0, rms, 3 / rms, -2 / rms], rtol=1e-6)
     signed = self.variant(functools.partial(tr.hapo_entropy_signal, pivot=0.5, signed=True))
     np.testing.assert_allclose(signed(entropy, mask), [[-1, -0.5, 0, 0], [1 / 3, 2 / 3, 1, 0]],
                                rtol=1e-6, atol=1e-7)

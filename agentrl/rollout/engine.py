@@ -115,7 +115,7 @@ class Engine:
           max_turns: int, max_new_tokens: int, max_len: int,
           greedy: bool | Sequence[bool] = False, chat_template: bool = True,
           system_prompt: str | None = None, temperature: float = 1.0, top_k: int = 0,
-          top_p: float = 1.0, logp_mode: str = "tempered"
+          top_p: float = 1.0, logp_mode: str = "tempered", adaptive_temperature=None
           ) -> tuple[list[agent_loop.Trajectory], dict[str, float]]:
     """Runs env i from reset(seeds[i]) for up to max_turns model turns; returns (trajs, metrics).
 
@@ -130,6 +130,9 @@ class Engine:
       chat_template: render env text through tok.apply_chat_template (else raw text).
       system_prompt: overrides each env's own `system_prompt` (chat_template only).
       temperature, top_k, top_p, logp_mode: as `Sampler.generate`.
+      adaptive_temperature: None, or the 6 floats of `sampler.entropy_temperature` (HAPO's
+        entropy-adaptive temperature): each sampled token's temperature then follows the
+        entropy of its own next-token distribution.
     """
     if len(envs) != len(seeds):
       raise ValueError(f"got {len(envs)} envs but {len(seeds)} seeds; pass one seed per env.")
@@ -145,7 +148,8 @@ class Engine:
     before = [dict(e.counters) for e in safe_envs]
     rows = [agent_loop._Row(env, g) for env, g in zip(safe_envs, flags)]
     sampling = dict(temperature=np.float32(temperature), top_p=np.float32(top_p),
-                    top_k=int(top_k), use_top_p=top_p < 1.0, logp_mode=logp_mode)
+                    top_k=int(top_k), use_top_p=top_p < 1.0, logp_mode=logp_mode,
+                    adaptive_6=sampler_lib.adaptive_params(adaptive_temperature))
     run = _Run(self, params, tok, rows, seeds, render, rng=rng, max_turns=max_turns,
                max_new_tokens=max_new_tokens, max_len=max_len, sampling=sampling)
     workers = workers_lib.EnvWorkers(self.env_workers, self.env_timeout_s)
@@ -323,7 +327,7 @@ class _Run:
       budget[i], step0[i], greedy[i] = slot.budget - done, done, row.greedy
       episode[i], turn[i] = slot.episode, slot.turn
     sampling = dict(self.sampling)
-    floats = (sampling.pop("temperature"), sampling.pop("top_p"))
+    floats = (sampling.pop("temperature"), sampling.pop("top_p"), sampling.pop("adaptive_6"))
     start = time.monotonic()
     inputs = jax.device_put((np.int32(self.col), feed, pos, active, budget, episode, turn, step0,
                              greedy, self.stop_BK))

@@ -40,8 +40,8 @@ def prefill(graphdef, params, layers, cache, rows_R, reset_R, tokens_RN, pos_RN,
 
 
 def decode(graphdef, params, layers, cache, col, feed_B, pos_B, active_B, budget_B, episode_B,
-            turn_B, step0_B, greedy_B, stop_BK, rng, temperature, top_p, *, num_steps, top_k,
-            use_top_p, logp_mode):
+            turn_B, step0_B, greedy_B, stop_BK, rng, temperature, top_p, adaptive_6, *,
+            num_steps, top_k, use_top_p, logp_mode):
   """Up to num_steps decode steps of the active slots at columns col, col + 1, ..."""
   model = nnx.merge(graphdef, params)
   B = feed_B.shape[0]
@@ -49,7 +49,8 @@ def decode(graphdef, params, layers, cache, col, feed_B, pos_B, active_B, budget
   turn_keys_B = jax.vmap(lambda e, u: jax.random.fold_in(jax.random.fold_in(rng, e), u))(
       episode_B, turn_B)
   sample = functools.partial(sampler_lib._sample, greedy_B=greedy_B, temperature=temperature,
-                             top_p=top_p, top_k=top_k, use_top_p=use_top_p, logp_mode=logp_mode)
+                             top_p=top_p, top_k=top_k, use_top_p=use_top_p, logp_mode=logp_mode,
+                             adaptive_6=adaptive_6)
 
   def cond(carry):
     s, _, _, _, _, _, _, done_B = carry

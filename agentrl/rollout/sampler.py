@@ -119,8 +119,50 @@ def categorical(keys_B, z_BV):
   return jnp.sum(cdf_BV < (u_B * cdf_BV[:, -1])[:, None], axis=-1).astype(jnp.int32)
 
 
-def _sample(logits_BV, keys_B, greedy_B, temperature, top_p, *, top_k, use_top_p, logp_mode):
-  """One sampling step: (token_B int32, logp_B float32)."""
+def entropy_temperature(logits_BV, temperature, adaptive_6, *, eps: float = 1e-6):
+  """HAPO's adaptive sampling temperature [B, 1] (arXiv 2509.16591; starriver030515/HAPO).
+
+  adaptive_6 = (tau, signed, m, s, pos_max, neg_min): the strength tau (`temperature_tau`,
+  0.05 in the released config), the sign convention, and `trust_region.hapo_entropy_stats`
+  of the previous update. With H the entropy of softmax(logits) at this step,
+  h = (log max(H, eps) - m) / (s + eps), h_hat = h / pos_max for h > 0 and h / neg_min
+  otherwise (h / |neg_min| when signed), clipped to [-1, 1]; the row samples at
+  temperature * (1 + tau * h_hat). The released sampler's normalising statistics come from
+  outside the function shown in the authors' notes; [INF] here they are the last update's, and
+  signed = 1 (low-entropy tokens cool down, as the paper describes) is the default
+  (`experiments/hapo.py`). tau = 0 is the plain temperature.
+  """
+  tau, signed, m, s, pos_max, neg_min = (adaptive_6[i] for i in range(6))
+  z_BV = logits_BV.astype(jnp.float32)
+  logp_BV = jax.nn.log_softmax(z_BV, axis=-1)
+  h_B1 = -jnp.sum(jnp.exp(logp_BV) * jnp.where(jnp.isfinite(logp_BV), logp_BV, 0.0), axis=-1,
+                  keepdims=True)
+  h_B1 = (jnp.log(jnp.maximum(h_B1, eps)) - m) / (s + eps)
+  neg_scale = jnp.where(signed > 0, -neg_min, neg_min)
+  h_hat_B1 = jnp.clip(jnp.where(h_B1 > 0, h_B1 / pos_max, h_B1 / neg_scale), -1.0, 1.0)
+  return temperature * (1.0 + tau * h_hat_B1)
+
+
+def adaptive_params(values):
+  """`entropy_temperature`'s float32[6] from 6 numbers, or None; anything else is an error."""
+  if values is None:
+    return None
+  a_6 = np.asarray(values, np.float32)
+  if a_6.shape != (6,) or not np.all(np.isfinite(a_6)):
+    raise ValueError("adaptive_temperature must be 6 finite floats (tau, signed, m, s, "
+                     f"pos_max, neg_min; sampler.entropy_temperature); got {values!r}.")
+  return a_6
+
+
+def _sample(logits_BV, keys_B, greedy_B, temperature, top_p, *, top_k, use_top_p, logp_mode,
+            adaptive_6=None):
+  """One sampling step: (token_B int32, logp_B float32).
+
+  adaptive_6: None, or `entropy_temperature`'s parameters: each row then samples (and reports
+  its log-prob) at its own entropy-adapted temperature.
+  """
+  if adaptive_6 is not None:
+    temperature = entropy_temperature(logits_BV, temperature, adaptive_6)
   z_BV = logits_BV.astype(jnp.float32) / temperature
   filtered_BV = _filter_logits(z_BV, top_p, top_k=top_k, use_top_p=use_top_p)
   sampled_B = categorical(keys_B, filtered_BV)

@@ -150,5 +150,46 @@ class SamplerTest(absltest.TestCase):
       self._generate(max_new_tokens=[1, 2])
 
 
+def _np_entropy_temperature(logits_BV, temperature, a_6, eps=1e-6):
+  tau, signed, m, s, pos_max, neg_min = a_6
+  z_BV = logits_BV - logits_BV.max(-1, keepdims=True)
+  p_BV = np.exp(z_BV) / np.exp(z_BV).sum(-1, keepdims=True)
+  h_B = -(p_BV * np.log(p_BV)).sum(-1)
+  h_B = (np.log(np.maximum(h_B, eps)) - m) / (s + eps)
+  h_hat_B = np.where(h_B > 0, h_B / pos_max, h_B / (-neg_min if signed else neg_min))
+  return temperature * (1 + tau * np.clip(h_hat_B, -1, 1))
+
+
+class EntropyTemperatureTest(absltest.TestCase):
+  LOGITS = np.array([[2.0, 0.0, -1.0], [0.0, 0.0, 0.0], [1.0, 0.5, 0.0]], np.float32)
+
+  def test_hand_computed(self):
+    # Row 0: H = 0.5243, log H = -0.6458 -> h_hat = -0.6458 / -0.5 -> clipped to 1 (released
+    # sign) or -1 (signed): T = 1.1 or 0.9. Row 1: H = log 3, log H = 0.0940, h_hat = 0.047.
+    unsigned = (0.1, 0.0, 0.0, 1.0, 2.0, -0.5)
+    got = sampler_lib.entropy_temperature(jnp.asarray(self.LOGITS), 1.0, jnp.asarray(unsigned))
+    np.testing.assert_allclose(np.asarray(got)[:2, 0], [1.1, 1.0 + 0.1 * 0.0940 / 2], atol=2e-5)
+    signed = (0.1, 1.0) + unsigned[2:]
+    got = sampler_lib.entropy_temperature(jnp.asarray(self.LOGITS), 1.0, jnp.asarray(signed))
+    self.assertAlmostEqual(float(got[0, 0]), 0.9, places=5)
+
+  def test_matches_numpy_and_tau_zero_is_the_temperature(self):
+    rng = np.random.default_rng(0)
+    logits = rng.normal(size=(6, 11)).astype(np.float32) * 3
+    for a_6 in [(0.05, 1.0, -0.3, 0.8, 1.7, -2.2), (0.3, 0.0, 0.4, 1.3, 0.9, -0.4)]:
+      got = sampler_lib.entropy_temperature(jnp.asarray(logits), 0.7, jnp.asarray(a_6))
+      np.testing.assert_allclose(np.asarray(got)[:, 0],
+                                 _np_entropy_temperature(logits, 0.7, a_6), rtol=1e-5)
+    zero = sampler_lib.entropy_temperature(jnp.asarray(logits), 0.7,
+                                           jnp.asarray((0.0, 1.0, 0.1, 1.0, 1.0, -1.0)))
+    np.testing.assert_array_equal(np.asarray(zero), np.full((6, 1), 0.7, np.float32))
+
+  def test_adaptive_params_names_the_bad_value(self):
+    self.assertIsNone(sampler_lib.adaptive_params(None))
+    self.assertEqual(sampler_lib.adaptive_params(range(6)).dtype, np.float32)
+    with self.assertRaisesRegex(ValueError, "6 finite floats"):
+      sampler_lib.adaptive_params((0.1, 1.0, 0.0, float("nan"), 1.0, -1.0))
+
+
 if __name__ == "__main__":
   absltest.main()

@@ -1,0 +1,120 @@
+# pylint: disable=invalid-name
+"""Host-side inputs of the turn-level credit methods, built from `agent_loop.Trajectory`s.
+
+Where each model turn starts and ends, "context then answer" probe rows (IGPO's gold-answer
+probes, SIOP's reference probes), GiGPO's anchor-state step groups, SIOP's answer modes and
+InfoPO's counterfactual transcripts. The scoring passes over these rows are the experiment's
+(experiments/agent.py); rows [i*G, (i+1)*G) are prompt i's trajectories throughout.
+"""
+import dataclasses
+
+import numpy as np
+
+from agentrl.credit import gigpo
+from agentrl.credit import infopo
+from agentrl.credit import siop
+from agentrl.rollout import agent_loop
+
+
+def turn_starts(traj: agent_loop.Trajectory) -> list[int]:
+  """Index of the first sampled token of each model turn (the history ends just before)."""
+  sampled = np.nonzero(traj.loss_mask > 0)[0]
+  turns = traj.turn[sampled]
+  return [int(sampled[np.argmax(turns == k)]) for k in range(len(traj.turn_rewards))
+          if np.any(turns == k)]
+
+
+def turn_ends(traj: agent_loop.Trajectory) -> list[int]:
+  """One past the last sampled token of each model turn (its observation starts there)."""
+  sampled = np.nonzero(traj.loss_mask > 0)[0]
+  turns = traj.turn[sampled]
+  return [int(sampled[turns == k][-1]) + 1 for k in range(len(traj.turn_rewards))
+          if np.any(turns == k)]
+
+
+def probe_rows(pairs, *, length: int, pad_id: int):
+  """[N, length] rows "context, then answer" (the most recent context kept) and the answer's
+  mask; a None pair is an empty row (it scores 0)."""
+  tokens = np.full((len(pairs), length), pad_id, np.int32)
+  mask = np.zeros((len(pairs), length), np.float32)
+  for row, pair in enumerate(pairs):
+    if pair is not None:
+      context, answer = pair
+      context = context[max(len(context) - (length - len(answer)), 0):]
+      n = len(context) + len(answer)
+      tokens[row, :n] = np.concatenate([context, answer])
+      mask[row, len(context):n] = 1.0
+  positions = np.broadcast_to(np.arange(length, dtype=np.int32), tokens.shape).copy()
+  return tokens, positions, tokens != pad_id, mask
+
+
+def probe_batch(trajs, gold_ids, *, max_turns: int, length: int, pad_id: int):
+  """[B * U, length] probe rows: the history before turn k, then the gold answer's ids."""
+  pairs, turn_mask = [], np.zeros((len(trajs), max_turns), np.float32)
+  for i, (traj, gold) in enumerate(zip(trajs, gold_ids)):
+    starts = turn_starts(traj)[:max_turns]
+    turn_mask[i, :len(starts)] = 1.0
+    pairs += [(traj.tokens[:start], gold) for start in starts]
+    pairs += [None] * (max_turns - len(starts))
+  return (*probe_rows(pairs, length=length, pad_id=pad_id), turn_mask)
+
+
+def step_groups(trajs, *, group_size: int, max_turns: int) -> dict[str, np.ndarray]:
+  """GiGPO's inputs: each turn's env reward, and its anchor-state group (the transcript the
+  turn starts from: trajectories of a group that reached the same history share a group)."""
+  step_reward = np.zeros((len(trajs), max_turns), np.float32)
+  for i, traj in enumerate(trajs):
+    r = np.asarray(traj.turn_rewards[:max_turns], np.float32)
+    step_reward[i, :len(r)] = r
+  keys = [[traj.tokens[:start].tobytes() for start in turn_starts(traj)[:max_turns]]
+          for traj in trajs]
+  anchor = gigpo.anchor_groups(keys, group_size=group_size, num_turns=max_turns)
+  return {"step_reward_BU": step_reward, "anchor_id_BU": anchor}
+
+
+def siop_references(answers, *, group_size: int, num_refs: int = 3):
+  """Per rollout: its mode's reference answers, their weights alpha [B, R] and q(mode) [B].
+
+  Modes are exact matches (`siop.answer_clusters`' default; SIOP's NLI judge is not offline)
+  and there is no NLI evidence, so q is the mode's share of the group's answers.
+  """
+  refs, weights, ids = [], [], []
+  for start in range(0, len(answers), group_size):
+    group = answers[start:start + group_size]
+    cluster_ids = siop.answer_clusters(group)
+    group_refs, weight_GR = siop.cluster_references(group, cluster_ids, num_refs=num_refs)
+    refs, weights, ids = refs + group_refs, weights + [weight_GR], ids + [cluster_ids]
+  ids = np.concatenate(ids)
+  return refs, np.concatenate(weights), siop.target_distribution(ids, group_size=group_size)
+
+
+def siop_probes(trajs, ref_ids, *, max_turns: int, num_refs: int, length: int, pad_id: int):
+  """[B * (U + 1) * R, length] probe rows, row (i, k + 1, r): trajectory i's prompt (k = -1) or
+  its history through the end of model turn k (the observation after it excluded), then its
+  reference r's ids; and the turn mask [B, U]."""
+  pairs, turn_mask = [], np.zeros((len(trajs), max_turns), np.float32)
+  for i, (traj, refs) in enumerate(zip(trajs, ref_ids)):
+    ends = turn_ends(traj)[:max_turns]
+    turn_mask[i, :len(ends)] = 1.0
+    contexts = [traj.tokens[:traj.prompt_len]] + [traj.tokens[:end] for end in ends]
+    contexts += [None] * (max_turns + 1 - len(contexts))
+    pairs += [None if context is None or r >= len(refs) else (context, refs[r])
+              for context in contexts for r in range(num_refs)]
+  return (*probe_rows(pairs, length=length, pad_id=pad_id), turn_mask)
+
+
+def counterfactual_trajs(trajs, placeholder_ids, *, max_turns: int):
+  """B * (U - 1) transcripts, row i * (U - 1) + t: trajectory i with observation t's tokens
+  replaced by the placeholder at the same length (`infopo.fit_placeholder`, so positions line
+  up); and the feedback mask [B, U], 1 where turn t got an observation. An observation is all
+  of turn t's env tokens: with the chat template its turn markers are replaced too."""
+  out, feedback = [], np.zeros((len(trajs), max_turns), np.float32)
+  for i, traj in enumerate(trajs):
+    for t in range(max_turns - 1):
+      obs = np.nonzero((traj.turn == t) & (traj.loss_mask == 0))[0]
+      tokens = traj.tokens.copy()
+      if obs.size:
+        tokens[obs] = infopo.fit_placeholder(placeholder_ids, obs.size)
+        feedback[i, t] = 1.0
+      out.append(dataclasses.replace(traj, tokens=tokens))
+  return out, feedback

@@ -1,0 +1,137 @@
+# pylint: disable=invalid-name
+r"""Credit-assignment study: outcome-only GRPO vs turn-level credit on the multi-turn main job.
+
+  python scripts/credit_study.py --out=runs/credit_study          # 6 methods x 3 seeds
+  python scripts/credit_study.py --out=/tmp/cs --methods=grpo --seeds=1 --steps=4
+
+Every run is `python -m experiments.agent` with its `cpu` preset (the number-guessing hidden-rule
+game, 7 turns, a tiny model warm-started by SFT on demonstrations) and one `loss.credit`:
+
+  grpo         the outcome's group z-score on every turn (no turn-level credit);
+  a2tgpo_igpo  A2TGPO over IGPO information-gain turn rewards (the experiment's default);
+  igpo         IGPO's own advantage (log-prob-difference gains, separate normalisation);
+  gigpo        GiGPO: episode group advantage + anchor-state step groups (gamma 0.95, as its
+               launchers).
+  siop         SIOP: the group's own final answers as references (no gold), their likelihood
+               gain per turn, one group-pooled z-score (lambda 0.5, 3 references);
+  infopo       InfoPO: outcome GRPO + the gated counterfactual-observation information.
+
+Equal budgets: the same RL steps, prompts and samples per step (so the same env steps), the
+same held-out evaluation, and one shared SFT warm start (the first run trains it, the others get
+a copy), so methods differ only in credit and seeds only in the RL runs' randomness. Resumable:
+finished runs are skipped, killed ones resume. Writes <out>/<method>_seed<s>/,
+<out>/results.txt (the table and the command) and <out>/credit_study.png (held-out success per
+step, mean over seeds, +- one standard deviation shaded).
+"""
+import os
+import sys
+import time
+
+from absl import app, flags
+import matplotlib
+import numpy as np
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+from agentrl import study  # pylint: disable=wrong-import-position
+
+# method -> its config overrides of experiments/agent.py.
+METHODS = {"grpo": ["--config.loss.credit=grpo"],
+           "a2tgpo_igpo": ["--config.loss.credit=a2tgpo_igpo"],
+           "igpo": ["--config.loss.credit=igpo"],
+           "gigpo": ["--config.loss.credit=gigpo", "--config.loss.gamma=0.95"],
+           "siop": ["--config.loss.credit=siop"],
+           "infopo": ["--config.loss.credit=infopo"]}
+
+_OUT = flags.DEFINE_string("out", "runs/credit_study", "Directory of the runs and results.")
+_METHODS = flags.DEFINE_list("methods", list(METHODS), f"Methods, of {list(METHODS)}.")
+_SEEDS = flags.DEFINE_integer("seeds", 3, "Seeds 0 .. seeds-1 per method.")
+_STEPS = flags.DEFINE_integer("steps", 150, "RL steps per run.")
+_EVAL_EVERY = flags.DEFINE_integer("eval_every", 25, "Held-out evaluation every N steps.")
+_EVAL_PROBLEMS = flags.DEFINE_integer("eval_problems", 300, "Held-out problems.")
+
+
+def run_dir(method: str, seed: int) -> str:
+  return os.path.join(_OUT.value, f"{method}_seed{seed}")
+
+
+def train(method: str, seed: int) -> None:
+  workdir = run_dir(method, seed)
+  study.share_warm_start(workdir, [run_dir(m, s) for m in METHODS for s in range(_SEEDS.value)])
+  timing = study.run_experiment("agent", workdir, [
+      f"--config.seed={seed}", f"--config.total_steps={_STEPS.value}",
+      f"--config.eval.every={_EVAL_EVERY.value}",
+      f"--config.eval.num_problems={_EVAL_PROBLEMS.value}",
+      f"--config.log.save_every={_EVAL_EVERY.value}", "--config.log.tensorboard=False",
+      *METHODS[method]])
+  print(f"{method} seed {seed}: {timing['wall_s']:.0f}s wall, {timing['cpu_s']:.0f}s CPU",
+        flush=True)
+
+
+def load(method: str, seed: int) -> dict:
+  curves = study.read_curves(run_dir(method, seed))
+  steps = [r["step"] for r in curves["evals"]]
+  success = [r["eval/success"] for r in curves["evals"]]
+  return {"steps": steps, "success": success, "auc": study.normalized_auc(steps, success),
+          "train_seconds": curves["summary"]["seconds"]["train"]}
+
+
+def table(runs: dict) -> str:
+  """Markdown: held-out success at every evaluation, its normalized AUC, the RL time."""
+  pct = lambda values: study.mean_std(values, ".1f", 100.0)
+  steps = next(iter(runs.values()))[0]["steps"]
+  header = ("| method | " + " | ".join(f"step {s}" for s in steps) +
+            " | AUC | RL time (s) |\n|---|" + "---:|" * (len(steps) + 2))
+  lines = [header]
+  for method, seeds in runs.items():
+    cells = [pct([r["success"][i] for r in seeds]) for i in range(len(steps))]
+    lines.append(f"| {method} | " + " | ".join(cells) +
+                 f" | {pct([r['auc'] for r in seeds])} | "
+                 f"{study.mean_std([r['train_seconds'] for r in seeds], '.0f')} |")
+  return "\n".join(lines)
+
+
+def plot(runs: dict, path: str) -> None:
+  fig, ax = plt.subplots(figsize=(7, 4))
+  for method, seeds in runs.items():
+    x = np.asarray(seeds[0]["steps"])
+    y = np.asarray([r["success"] for r in seeds], np.float64) * 100
+    ax.plot(x, y.mean(0), label=method)
+    ax.fill_between(x, y.mean(0) - y.std(0), y.mean(0) + y.std(0), alpha=0.2)
+  ax.set_xlabel("RL step")
+  ax.set_ylabel("held-out greedy success (%)")
+  ax.set_title(f"hidden-rule guessing game, {len(next(iter(runs.values())))} seeds")
+  ax.grid(alpha=0.3)
+  ax.legend()
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+
+
+def main(argv):
+  del argv
+  unknown = sorted(set(_METHODS.value) - set(METHODS))
+  if unknown:
+    raise app.UsageError(f"unknown methods {unknown}; use {list(METHODS)}")
+  os.makedirs(_OUT.value, exist_ok=True)
+  start = time.perf_counter()
+  for seed in range(_SEEDS.value):
+    for method in _METHODS.value:
+      if study.finished(run_dir(method, seed), _STEPS.value):
+        print(f"{method} seed {seed}: done, skipped", flush=True)
+      else:
+        train(method, seed)
+  runs = {m: [load(m, s) for s in range(_SEEDS.value)] for m in _METHODS.value}
+  text = table(runs)
+  png = os.path.join(_OUT.value, "credit_study.png")
+  plot(runs, png)
+  command = "python scripts/credit_study.py " + " ".join(sys.argv[1:])
+  with open(os.path.join(_OUT.value, "results.txt"), "w") as f:
+    f.write(f"`{command}`\n\n{text}\n\n![curves]({os.path.basename(png)})\n")
+  print(f"\n{text}\n\n{png}\nstudy wall time {time.perf_counter() - start:.0f}s "
+        "(runs already finished are not re-run)")
+
+
+if __name__ == "__main__":
+  app.run(main)
