@@ -1,6 +1,8 @@
 """Tests for agentrl.study: the bookkeeping of multi-run studies."""
 import json
 import os
+import shutil
+import tempfile
 
 from absl.testing import absltest
 import numpy as np
@@ -21,7 +23,8 @@ class StudyTest(absltest.TestCase):
     self.assertTrue(np.isnan(study.normalized_auc([], [])))
 
   def test_finished_and_shared_warm_start(self):
-    base = self.create_tempdir().full_path
+    base = tempfile.mkdtemp()
+    self.addCleanup(shutil.rmtree, base, ignore_errors=True)
     run, other = os.path.join(base, "a"), os.path.join(base, "b")
     self.assertFalse(study.finished(run, 10))
     os.makedirs(run)

@@ -53,7 +53,6 @@ from agentrl import recipe
 from agentrl import rundir
 from agentrl import sharding
 from agentrl import types
-from agentrl.losses import aggregation
 from agentrl.losses import policy as pg
 from agentrl.models import policy as policy_lib
 from agentrl.rollout import agent_loop
@@ -187,7 +186,7 @@ def delethink_rollout_fn(config, engine, tok, make_env, data, mesh):
 
   Extras: trace_reward_B (one per trace, [P G]) and owner_C (each row's trace index).
   """
-  rc, tc = config.rollout, config.task
+  rc = config.rollout
   P, G, rows = rc.prompts_per_step, rc.group_size, sharding.batch_sharding(mesh)
   num_rows = P * G * config.delethink.max_chunks
 

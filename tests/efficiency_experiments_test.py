@@ -7,7 +7,6 @@ formulas, RL invariants, the neutral setting that reduces to GRPO or PPO), and H
 table through `loop.run`, killed after step 2 and resumed, against an uninterrupted run.
 Experiments are imported by module name (no BUILD dependency on a binary).
 """
-import dataclasses
 import importlib
 import math
 import shutil

@@ -13,7 +13,8 @@ from agentrl import recipe
 RL_EXPERIMENTS = ("grpo", "dr_grpo", "dapo", "gspo", "ctpo", "holder_po", "rloo", "remax",
                   "reinforce_pp", "gmpo", "cispo", "ppo", "r2vpo", "agent", "reward_model",
                   "hapo", "copo", "d3s", "etr", "riskpo", "arm", "fapo", "delta", "ttrl", "empo",
-                  "kto", "hapo_length", "brpo", "hbpo", "decs", "eapo", "tppo", "delethink")
+                  "kto", "hapo_length", "brpo", "hbpo", "decs", "eapo", "tppo", "delethink",
+                  "g2rl", "mssr")
 
 
 def _module(name):

@@ -45,7 +45,8 @@ from agentrl.models import transformer
 RL_EXPERIMENTS = ("grpo", "dr_grpo", "dapo", "gspo", "ctpo", "holder_po", "rloo", "remax",
                   "reinforce_pp", "gmpo", "cispo", "ppo", "r2vpo", "agent", "reward_model",
                   "hapo", "copo", "d3s", "etr", "riskpo", "arm", "fapo", "delta", "ttrl", "empo",
-                  "kto", "hapo_length", "brpo", "hbpo", "decs", "eapo", "tppo", "delethink")
+                  "kto", "hapo_length", "brpo", "hbpo", "decs", "eapo", "tppo", "delethink",
+                  "g2rl", "mssr")
 _CACHE = tempfile.mkdtemp(prefix="agentrl_xla_cache_")
 atexit.register(shutil.rmtree, _CACHE, ignore_errors=True)
 jax.config.update("jax_compilation_cache_dir", _CACHE)
@@ -329,10 +330,10 @@ class RealScaleTest(parameterized.TestCase):
       with self.assertRaisesRegex(configs.ConfigError, f"unknown fapo preset '{preset}'"):
         fapo.get_config(preset)
 
-  @parameterized.parameters(("hapo_length",), ("brpo",), ("decs",))
+  @parameterized.parameters(("hapo_length",), ("brpo",), ("decs",), ("mssr",))
   def test_verbose_task_methods_reject_reasoning_gym_presets(self, name):
-    # HAPO's history needs repeated prompts, BRPO a thinking format, DECS the filler detector:
-    # all three are the verbose arithmetic task's.
+    # HAPO's history and MSSR's posterior need repeated prompts, BRPO a thinking format, DECS
+    # the filler detector: all are the verbose arithmetic task's.
     module = importlib.import_module(f"experiments.{name}")
     for preset in ("pod", "smollm2"):
       with self.assertRaisesRegex(configs.ConfigError, f"^unknown {name} preset '{preset}'"):
@@ -340,7 +341,7 @@ class RealScaleTest(parameterized.TestCase):
 
   @parameterized.parameters(*[(name,) for name in RL_EXPERIMENTS
                               if name not in ("grpo", "agent", "reward_model", "fapo",
-                                              "hapo_length", "brpo", "decs")])
+                                              "hapo_length", "brpo", "decs", "mssr")])
   def test_family_pod_presets_validate(self, name):
     # Every RL binary takes recipe.rl_config's presets; each must accept the pod preset under
     # its own schema (its real-scale run fails up front otherwise, not after loading 8B).

@@ -21,7 +21,8 @@ MODULES = ("agentrl.advantages", "agentrl.losses.aggregation", "agentrl.losses.d
            "agentrl.credit.mapo", "agentrl.credit.spo", "agentrl.credit.oprl",
            "agentrl.length_rewards", "agentrl.advantages_budget", "agentrl.rollout.delethink",
            "agentrl.losses.selection", "agentrl.losses.trust_region",
-           "agentrl.losses.consistency", "agentrl.shaping", "agentrl.rewards.label_free")
+           "agentrl.losses.consistency", "agentrl.shaping", "agentrl.rewards.label_free",
+           "agentrl.exploration")
 # Backticked words in that section that are values or metric keys, not functions.
 NOT_FUNCTIONS = {"k1", "k2", "k3", "abs", "ratio_mean", "ratio_max"}
 
