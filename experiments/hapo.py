@@ -70,7 +70,7 @@ SCHEMA = {
     "loss.adv_beta": configs.Key(float, min=0.0),
     "loss.signed": configs.Key(bool),
     "loss.fallback_threshold": configs.Key(float, min=0.0),
-    "rollout.temperature_tau": configs.Key(float, min=0.0, max=1.0),
+    "rollout.temperature_tau": configs.Key(float, min=0.0, max=0.5),
     "rollout.temperature_signed": configs.Key(bool),
 }
 

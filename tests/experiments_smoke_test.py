@@ -53,15 +53,17 @@ jax.config.update("jax_compilation_cache_dir", _CACHE)
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
 
 
-def documented_metrics() -> tuple[dict[str, set[str]], tuple[str, ...]]:
-  """The README's Metrics table: {exact name: experiments that log it}, `prefix/*` patterns.
+def documented_metrics() -> tuple[dict[str, set[str]], tuple[str, ...], set[str]]:
+  """The README's Metrics table: {exact name: experiments that log it}, `prefix/*` patterns,
+  and the names logged only under a non-default setting.
 
   Its last column is "every RL experiment", optionally "but `a`, `b`", or the experiments
-  named in backticks (none named: no shipped experiment logs the key).
+  named in backticks (none named: no shipped experiment logs the key); "(only with ...)" after
+  the names marks a key their default (smoke) runs do not log.
   """
   text = (pathlib.Path(__file__).resolve().parents[1] / "README.md").read_text()
   section = text.split("\n## Metrics\n", 1)[1].split("\n## ", 1)[0]
-  exact, prefixes = {}, []
+  exact, prefixes, optional = {}, [], set()
   for line in section.splitlines():
     if not line.startswith("| `"):
       continue
@@ -73,7 +75,9 @@ def documented_metrics() -> tuple[dict[str, set[str]], tuple[str, ...]]:
         prefixes.append(key[:-1])
       else:
         exact[key] = set(RL_EXPERIMENTS) - named if every else named
-  return exact, tuple(prefixes)
+        if "(only with " in cells[3]:
+          optional.add(key)
+  return exact, tuple(prefixes), optional
 
 
 def _tmpdir(test) -> str:
@@ -142,11 +146,12 @@ class SmokeTest(parameterized.TestCase):
     baseline, records = records[0], records[1:]
     # One name, one meaning: the README's Metrics table lists every metric this run logs, and
     # its "logged by" column names this experiment exactly for the keys the run logs.
-    exact, prefixes = documented_metrics()
+    exact, prefixes, optional = documented_metrics()
     logged = {k for r in records + [baseline] for k in r if k != "step"}
     missing = sorted(k for k in logged if k not in exact and not k.startswith(prefixes))
     self.assertEmpty(missing, f"{name} logs metrics the README's Metrics table lacks")
-    claimed = {k for k, experiments in exact.items() if name in experiments}
+    claimed = {k for k, experiments in exact.items()
+               if name in experiments and k not in optional}
     self.assertEmpty(sorted(claimed - logged),
                      f"the README's Metrics table says {name} logs these; it does not")
     self.assertEmpty(sorted(logged & exact.keys() - claimed),

@@ -151,6 +151,9 @@ def adaptive_params(values):
   if a_6.shape != (6,) or not np.all(np.isfinite(a_6)):
     raise ValueError("adaptive_temperature must be 6 finite floats (tau, signed, m, s, "
                      f"pos_max, neg_min; sampler.entropy_temperature); got {values!r}.")
+  if not 0.0 <= a_6[0] < 1.0:
+    raise ValueError(f"adaptive_temperature's tau must be in [0, 1) (the temperature ranges "
+                     f"over T (1 +- tau)); got {a_6[0]}.")
   return a_6
 
 

@@ -189,6 +189,8 @@ class EntropyTemperatureTest(absltest.TestCase):
     self.assertEqual(sampler_lib.adaptive_params(range(6)).dtype, np.float32)
     with self.assertRaisesRegex(ValueError, "6 finite floats"):
       sampler_lib.adaptive_params((0.1, 1.0, 0.0, float("nan"), 1.0, -1.0))
+    with self.assertRaisesRegex(ValueError, "tau must be in"):
+      sampler_lib.adaptive_params((1.0, 1.0, 0.0, 1.0, 1.0, -1.0))
 
 
 if __name__ == "__main__":
