@@ -37,6 +37,7 @@ from agentrl import checkpoint as checkpoint_lib
 from agentrl import health
 from agentrl import metrics as metrics_lib
 from agentrl import minibatch
+from agentrl import overlap
 from agentrl import types
 from agentrl.losses import aggregation
 from agentrl.losses import kl
@@ -47,7 +48,7 @@ from agentrl.rollout import pack as pack_lib
 
 # Keys whose values depend on wall time; everything else in a run's records is reproducible.
 TIMING_KEYS = ("time/rollout", "time/score", "time/update", "time/step", "time/eval",
-               "rollout/tokens_per_s", "update/tokens_per_s")
+               "time/rollout_busy", "rollout/tokens_per_s", "update/tokens_per_s")
 
 
 class DataStream(Protocol):
@@ -266,7 +267,8 @@ def run(state, *, rng: jax.Array, total_steps: int, workdir: str,
         tensorboard: bool = True, wandb: Mapping[str, Any] | None = None,
         console: bool = True, heartbeat_s: float = 30.0, stop_after_skipped: int = 10,
         stop_after_collapsed: int = 20, entropy_floor: float = 1e-3,
-        rollout_input: Callable[[Any], Any] | None = None) -> Result:
+        rollout_input: Callable[[Any], Any] | None = None, max_staleness: int = 0,
+        off_policy: str = "token_tis", off_policy_threshold: float = 2.0) -> Result:
   """Runs RL steps 1..total_steps from scratch or from the newest checkpoint in workdir/ckpt.
 
   Args:
@@ -295,19 +297,36 @@ def run(state, *, rng: jax.Array, total_steps: int, workdir: str,
       never checkpointed, so the last checkpoints hold the state from before the trouble.
     rollout_input: state -> rollout_fn's first argument (default: state.params), for a
       rollout that reads more of the train state (HAPO's entropy statistics).
+    max_staleness: k; with k > 0 the rollouts of steps s+1..s+k are made in a background
+      thread while step s trains, step t's from the params after max(0, t-1-k) updates
+      (agentrl/overlap.py); 0 is the synchronous loop.
+    off_policy, off_policy_threshold: with k > 0, the correction of the stale rows
+      (`overlap.off_policy_correction`: token_tis, sequence_tis, token_mask, sequence_mask,
+      none) and its threshold.
   """
   start = time.perf_counter()
   ckpt = checkpoint_lib.Checkpointer(f"{workdir}/ckpt", save_every=save_every, keep=keep,
                                      keep_period=keep_period, async_save=async_save)
-  step, evals = 0, {}
+  step, evals, k = 0, {}, max_staleness
+  inputs_of = (lambda s: s.params) if rollout_input is None else rollout_input
+  correct = jax.jit(overlap.off_policy_correction(off_policy, off_policy_threshold)) if k else None
   # Checkpoints hold what training changes: not a LoRA model's base, rebuilt by the caller.
+  pending = None
   if ckpt.latest_step() is not None:
-    tree, meta = ckpt.restore({"state": lora.trainable(state), "rng": rng})
+    template = {"state": lora.trainable(state), "rng": rng}
+    if k:
+      template["pending"] = overlap.pending_template(inputs_of(state), k)
+    tree, meta = ckpt.restore(template)
     state, rng, step, evals = (lora.combine(state, tree["state"]), tree["rng"], int(meta["step"]),
                                meta["evals"])
     if data is not None:
       data.restore(meta["data"])
+    pending = (tree["pending"], meta["pending"]) if k else None
     print(f"Resumed from {ckpt.directory} at step {step}.", flush=True)
+  producer = overlap.RolloutProducer(rollout_fn, rng=rng, max_staleness=k,
+                                     total_steps=total_steps, data=data)
+  if pending is not None:
+    producer.restore(step, *pending, inputs_of(state))
   writer = metrics_lib.Writer(workdir, total_steps=total_steps, tensorboard=tensorboard,
                               wandb=wandb, console=console,
                               resume_step=step if step else None)
@@ -321,12 +340,13 @@ def run(state, *, rng: jax.Array, total_steps: int, workdir: str,
         writer.write(0, evals["0"])  # the baseline point of every eval curve
       while step < total_steps:
         step += 1
-        state, record = _step(state, step, rng, rollout_fn, score_fn, advantage_fn, update_fn,
+        state, record = _step(state, step, rng, producer, score_fn, advantage_fn, update_fn,
                               epochs=epochs, num_minibatches=num_minibatches, shuffle=shuffle,
-                              sort_by_length=sort_by_length,
-                              beat=beat, rollout_input=rollout_input)
+                              sort_by_length=sort_by_length, beat=beat, inputs_of=inputs_of,
+                              correct=correct)
         if evaluate is not None and (step == total_steps or
                                      (eval_every and step % eval_every == 0)):
+          producer.drain()  # the rollout thread and evaluation share the engine
           evals[str(step)] = _evaluate(evaluate, state.params, beat, f"step {step}: evaluation")
           record.update(evals[str(step)])
         writer.write(step, record, note="includes compilation" if step == first_step else "")
@@ -339,10 +359,14 @@ def run(state, *, rng: jax.Array, total_steps: int, workdir: str,
           raise TrainingStopped(f"stopped at step {step}: {why}. {where}")
         if not trouble:
           meta = {"step": step, "evals": evals, "data": data.state() if data is not None else {}}
-          if ckpt.save(step, {"state": lora.trainable(state), "rng": rng}, meta,
-                       force=step == total_steps):
+          tree = {"state": lora.trainable(state), "rng": rng}
+          if k:  # the pending rollouts' params and the stream position after step's rollout
+            tree["pending"] = producer.pending_tree(step)
+            meta.update(pending=producer.pending_meta(step), data=producer.data_state)
+          if ckpt.save(step, tree, meta, force=step == total_steps):
             last_saved = step
   finally:
+    producer.close()
     ckpt.close()
     writer.close()
   return Result(state=state, step=step, records=metrics_lib.read_jsonl(writer.path),
@@ -364,20 +388,19 @@ def _prefixed(scalars: Mapping[str, Any]) -> dict[str, float]:
   return {f"eval/{k}": float(v) for k, v in scalars.items()}
 
 
-def _step(state, step, rng, rollout_fn, score_fn, advantage_fn, update_fn, *, epochs,
-          num_minibatches, shuffle, beat, sort_by_length=False, rollout_input=None):
+def _step(state, step, rng, producer, score_fn, advantage_fn, update_fn, *, epochs,
+          num_minibatches, shuffle, beat, inputs_of, sort_by_length=False, correct=None):
   """One RL step; returns (state, flat host metrics).
 
   Each phase is timed up to the moment its results are ready on the device (JAX dispatch is
-  asynchronous), so time/rollout + time/score + time/update == time/step.
+  asynchronous), so time/rollout + time/score + time/update == time/step. Overlapped, the
+  rollout phase is the wait for a rollout made in the background (time/rollout_busy: the
+  time its making took).
   """
   marks = [time.perf_counter()]
-  step_rng = jax.random.fold_in(rng, step)
-  rollout_rng, shuffle_rng = jax.random.split(step_rng)
+  shuffle_rng = jax.random.split(jax.random.fold_in(rng, step))[1]  # [0]: overlap.rollout_key
   beat.phase(f"step {step}: rollout")
-  rollout = rollout_fn(state.params if rollout_input is None else rollout_input(state),
-                       rollout_rng, step)
-  jax.block_until_ready(rollout.batch)
+  rollout, busy = producer.take(step, inputs_of(state))
   marks.append(time.perf_counter())
   keys = [jax.random.fold_in(shuffle_rng, epoch) if shuffle else None for epoch in range(epochs)]
   # Between the rollout's explicit device_put and the metrics' device_get everything stays on
@@ -386,6 +409,9 @@ def _step(state, step, rng, rollout_fn, score_fn, advantage_fn, update_fn, *, ep
   with jax.transfer_guard("disallow"):
     batch, score_metrics = score_fn(state.params, rollout.batch)
     batch, adv_metrics = advantage_fn(batch, rollout.extras)
+    if correct is not None:
+      batch, correction_metrics = correct(batch)
+      adv_metrics = {**adv_metrics, **correction_metrics}
   score_metrics, adv_metrics = jax.device_get((score_metrics, adv_metrics))
   jax.block_until_ready(batch)
   marks.append(time.perf_counter())
@@ -414,8 +440,10 @@ def _step(state, step, rng, rollout_fn, score_fn, advantage_fn, update_fn, *, ep
       rollout=rollout.metrics, score={k: float(v) for k, v in score_metrics.items()},
       advantage={k: float(v) for k, v in adv_metrics.items()}, update=update_metrics,
       times=times)
-  record["rollout/tokens_per_s"] = (rollout.metrics.get("rollout/sampled_tokens", 0.0)
-                                    / times["time/rollout"])
+  if producer.k:
+    record["time/rollout_busy"] = busy
+    record["rollout/staleness"] = float(step - 1 - overlap.behaviour_version(step, producer.k))
+  record["rollout/tokens_per_s"] = rollout.metrics.get("rollout/sampled_tokens", 0.0) / busy
   if "rollout/batch_tokens" in rollout.metrics:  # real (non-padding) tokens of the batch
     record["update/tokens_per_s"] = (epochs * rollout.metrics["rollout/batch_tokens"]
                                      / times["time/update"])

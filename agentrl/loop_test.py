@@ -74,6 +74,7 @@ class _Bandit:
     batch = types.Batch(tokens_BT=tokens_BT, positions_BT=jnp.zeros((B, T), jnp.int32),
                         input_mask_BT=jnp.ones((B, T), bool),
                         loss_mask_BT=jnp.array([[0.0, 1.0]] * B), reward_B=reward_B)
+    batch = batch.replace(sampler_logp_BT=_logp(params, batch))  # the behaviour policy's
     return loop.Rollout(batch=batch, metrics={"reward": float(reward_B.mean())})
 
   def score(self, params, batch):
@@ -200,6 +201,66 @@ class RunTest(absltest.TestCase):
     self.assertEqual(_reproducible(resumed.records), _reproducible(full.records))
     self.assertEqual(resumed.evals, full.evals)
     np.testing.assert_array_equal(resumed.state.params["logits"], full.state.params["logits"])
+
+
+class OverlapTest(absltest.TestCase):
+  """max_staleness = k > 0: rollouts made in a background thread on a fixed schedule."""
+
+  def test_rollouts_follow_the_staleness_schedule(self):
+    for k in (1, 2):
+      bandit, starts, used = _Bandit(), [], {}
+      rollout = bandit.rollout
+
+      def recording_rollout(params, rng, step, rollout=rollout, used=used):
+        used[step] = np.asarray(params["logits"])
+        return rollout(params, rng, step)
+
+      def version_score(params, batch, score=bandit.score):
+        batch, metrics = score(params, batch)
+        return batch, {**metrics, "version": batch.version_B.mean()}
+
+      bandit.rollout, bandit.score = recording_rollout, version_score
+      result = bandit.run(_tmpdir(self), total_steps=5, max_staleness=k,
+                          rollout_input=lambda s, starts=starts: (
+                              starts.append(np.asarray(s.params["logits"])) or s.params))
+      self.assertLen(starts, 5)  # the params at the start of each step
+      for t in range(1, 6):
+        version = max(0, t - 1 - k)  # the rollout of step t samples from theta_version
+        np.testing.assert_array_equal(used[t], starts[version], err_msg=f"k={k} step {t}")
+        record = result.records[t]
+        self.assertEqual(record["version"], version)
+        self.assertEqual(record["rollout/staleness"], t - 1 - version)
+        self.assertIn("offpolicy/weight", record)
+        self.assertGreater(record["time/rollout_busy"], 0.0)
+      self.assertSameElements(used, range(1, 6))  # nothing past total_steps was made
+      self.assertGreater(result.evals["5"]["eval/p_best"], 0.4)  # from 0.25: stale rollouts learn
+
+  def test_resume_reproduces_uninterrupted_records(self):
+    for k in (1, 2):
+      kw = dict(save_every=2, num_minibatches=2, max_staleness=k)
+      full = _Bandit().run(_tmpdir(self), total_steps=6, **kw)
+      workdir = _tmpdir(self)
+      first = _Bandit().run(workdir, total_steps=3, **kw)
+      self.assertEqual(first.step, 3)
+      shutil.rmtree(f"{workdir}/ckpt/3")  # killed after step 3 was logged, before its save
+      resumed = _Bandit().run(workdir, total_steps=6, **kw)
+      self.assertEqual(_reproducible(resumed.records), _reproducible(full.records), f"k={k}")
+      np.testing.assert_array_equal(resumed.state.params["logits"], full.state.params["logits"])
+      # Resuming the finished run's last checkpoint with more steps matches too.
+      longer = _Bandit().run(_tmpdir(self), total_steps=8, **kw)
+      extended = _Bandit().run(workdir, total_steps=8, **kw)
+      # (The 6-step run's final evaluation is the only extra field of step 6.)
+      no_eval = lambda records: [{m: v for m, v in r.items() if not m.startswith("eval/")}
+                                 for r in _reproducible(records)]
+      self.assertEqual(no_eval(extended.records), no_eval(longer.records), f"k={k}")
+      np.testing.assert_array_equal(extended.state.params["logits"],
+                                    longer.state.params["logits"])
+
+  def test_staleness_change_on_resume_is_refused(self):
+    workdir = _tmpdir(self)
+    _Bandit().run(workdir, total_steps=2, max_staleness=1)
+    with self.assertRaisesRegex(Exception, "does not match this run's state"):
+      _Bandit().run(workdir, total_steps=4, max_staleness=2)
 
 
 class HelpersTest(absltest.TestCase):

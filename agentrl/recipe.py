@@ -68,7 +68,9 @@ def loop_options(config: mlc.ConfigDict) -> dict:
               save_every=lc.save_every, keep=lc.keep, keep_period=config.eval.every,
               tensorboard=lc.tensorboard, wandb=wandb,
               stop_after_skipped=uc.stop_after_skipped,
-              stop_after_collapsed=uc.stop_after_collapsed, sort_by_length=uc.sort_by_length)
+              stop_after_collapsed=uc.stop_after_collapsed, sort_by_length=uc.sort_by_length,
+              max_staleness=uc.max_staleness, off_policy=uc.off_policy,
+              off_policy_threshold=uc.off_policy_threshold)
 
 
 # ---------------------------------------------------------------------------------------------

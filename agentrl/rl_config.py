@@ -11,6 +11,7 @@ the config.
 import ml_collections as mlc
 
 from agentrl import configs
+from agentrl import overlap
 from agentrl import sharding
 from agentrl.envs import verbose_arithmetic
 from agentrl.models import lora
@@ -58,8 +59,12 @@ def rl_config(preset: str = "cpu", *, smoke: bool = False) -> mlc.ConfigDict:
   # as non-finite, or with a zero gradient and a deterministic policy; 0 never stops.
   # sort_by_length: minibatches of rows of similar length, each padded to its own bucket
   # (minibatch.length_sorted_minibatches); off: random equal splits at the batch's T.
+  # max_staleness k > 0: rollouts of steps s+1..s+k are made while step s trains (step t's
+  # from the params after t-1-k updates; agentrl/overlap.py), stale rows corrected by
+  # off_policy (token_tis, sequence_tis, token_mask, sequence_mask, none) at off_policy_threshold.
   c.updates = dict(epochs=1, minibatches=2, stop_after_skipped=10, stop_after_collapsed=20,
-                   sort_by_length=False)
+                   sort_by_length=False, max_staleness=0, off_policy="token_tis",
+                   off_policy_threshold=2.0)
   c.eval = dict(num_problems=1000, every=25)
   c.mesh = dict(data=1, fsdp=1, tensor=1)
   c.sharding_rules = list(sharding.DEFAULT_RULES)
@@ -145,6 +150,9 @@ RL_SCHEMA = {
     "updates.stop_after_skipped": configs.Key(int, min=0),
     "updates.stop_after_collapsed": configs.Key(int, min=0),
     "updates.sort_by_length": configs.Key(bool),
+    "updates.max_staleness": configs.Key(int, min=0),
+    "updates.off_policy": configs.Key(str, choices=overlap.CORRECTIONS),
+    "updates.off_policy_threshold": configs.Key(float, min=1.0),
     "eval.num_problems": configs.Key(int, min=1),
     "eval.every": configs.Key(int, min=0),
     "mesh": configs.Key(dict),

@@ -22,10 +22,12 @@ from typing import Any
 
 import ml_collections as mlc
 
+from agentrl import checkpoint
 from agentrl import configs
 from agentrl import loop
 from agentrl import metrics as metrics_lib
 from agentrl import plots
+from agentrl.models import lora
 
 LOCK_FILE = "LOCK"
 _HELD: dict[str, int] = {}  # abspath of a locked workdir -> the open LOCK file descriptor
@@ -142,12 +144,13 @@ def _seconds(records, sft_info) -> dict[str, float]:
 
 
 def write_summary(workdir: str, result: loop.Result, *, name: str, start: float,
-                  sft_info: dict | None = None) -> dict:
+                  sft_info: dict | None = None, extra: dict | None = None) -> dict:
   """Prints the before/after table and writes summary.json and curves.png.
 
   summary.json's `seconds` splits the run's time into SFT, RL training (its rollout, score and
   update phases) and evaluations, summed over every step's record, so a resumed run reports
-  the whole run. A run that was already complete (this process ran no step) keeps its
+  the whole run. `extra` (JSON-able) is added to the summary as it is (e.g. OPD's
+  `teacher_success`). A run that was already complete (this process ran no step) keeps its
   summary.json and curves.png; the table is printed from them.
   """
   path = os.path.join(workdir, "summary.json")
@@ -166,7 +169,7 @@ def write_summary(workdir: str, result: loop.Result, *, name: str, start: float,
              "steps": result.step, "seconds": _seconds(result.records, sft_info),
              "process_seconds": time.perf_counter() - start, "sft": sft_info or {},
              "final": {k: v for k, v in result.records[-1].items()
-                       if k not in loop.TIMING_KEYS}}
+                       if k not in loop.TIMING_KEYS}, **(extra or {})}
   with open(path + ".tmp", "w") as f:
     json.dump(summary, f, indent=2)
   os.replace(path + ".tmp", path)
@@ -188,6 +191,9 @@ def _print_summary(summary: dict, records, workdir: str) -> None:
       ["held-out greedy success", "before RL", "after RL", "change"],
       [[f"{n} problems" if n else "held-out set", f"{before:.1%}", f"{after:.1%}",
         f"{100 * (after - before):+.1f} points"]]))
+  if "teacher_success" in summary:  # on-policy distillation: the gap to the teacher
+    print(f"teacher: {summary['teacher_success']:.1%} (the student closed "
+          f"{_closed(before, after, summary['teacher_success'])} of the gap)")
   print(f"\n{summary['method']}: {summary['steps']} steps -> {workdir}")
   sec = summary.get("seconds")
   if not sec:  # a summary written before the time split existed
@@ -196,3 +202,36 @@ def _print_summary(summary: dict, records, workdir: str) -> None:
   print(f"time: {sft}RL training {sec['train']:.0f}s (rollout {sec['rollout']:.0f}s, score "
         f"{sec['score']:.0f}s, update {sec['update']:.0f}s), evaluations {sec['eval']:.0f}s; "
         f"this process {summary.get('process_seconds', 0):.0f}s")
+
+
+def _closed(before: float, after: float, target: float) -> str:
+  return f"{(after - before) / (target - before):.0%}" if target > before else "none"
+
+
+def load_params(run_dir: str, step: str, params):
+  """The policy params of checkpoint `step` of the run in `run_dir`, and the step restored.
+
+  A LoRA run's checkpoints hold its adapters only: they are read onto the frozen base, the
+  run's SFT warm start if it had one (else the pretrained weights `params` hold).
+  """
+  if lora.has_adapters(params) and step == "warm_start":
+    base, step = load_params(run_dir, step, params["base"])
+    return lora.with_base(params, base), step
+  if lora.has_adapters(params):
+    if checkpoint.saved_steps(os.path.join(run_dir, "warm_start")):
+      params, _ = load_params(run_dir, "warm_start", params)
+    trained, step = load_params(run_dir, step, lora.trainable(params))
+    return lora.combine(params, trained), step
+  if step == "warm_start":
+    directory, path = os.path.join(run_dir, "warm_start"), ("params",)
+  else:
+    directory, path = os.path.join(run_dir, "ckpt"), ("state", "params")
+  steps = checkpoint.saved_steps(directory)
+  if not steps:
+    raise configs.ConfigError(f"config.step={step!r}: {directory} holds no checkpoint")
+  wanted = steps[-1] if step in ("latest", "warm_start") else int(step)
+  if wanted not in steps:
+    raise configs.ConfigError(f"config.step={step!r} was not kept: {directory} has steps "
+                              f"{steps}; give one of them, 'latest' or 'warm_start'")
+  params = checkpoint.read_subtree(directory, path, params, step=wanted)
+  return params, step if step == "warm_start" else str(wanted)

@@ -42,6 +42,7 @@ class Batch:
   ret_BT: jax.Array | None = None        # value targets (PPO / GAE returns)
   truncated_B: jax.Array | None = None   # bool, trajectory hit a length/turn budget
   entropy_BT: jax.Array | None = None    # float32 entropy of pi_old per token (score step)
+  version_B: jax.Array | None = None     # int32 updates applied to the policy that sampled it
   # A method's per-row data for its loss ({name: [B, ...] array}, e.g. COPO's global
   # advantage): it travels with the rows through minibatching, like every field here.
   aux: dict[str, jax.Array] | None = None

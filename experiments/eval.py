@@ -44,7 +44,6 @@ import jax
 import ml_collections as mlc
 import numpy as np
 
-from agentrl import checkpoint
 from agentrl import cli
 from agentrl import configs
 from agentrl import distributed
@@ -124,35 +123,6 @@ def validate(config) -> None:
                   f"{config.step!r}")
 
 
-def load_params(run_dir: str, step: str, params):
-  """The policy params of checkpoint `step` of the run in `run_dir`, and the step restored.
-
-  A LoRA run's checkpoints hold its adapters only: they are read onto the frozen base, the
-  run's SFT warm start if it had one (else the pretrained weights `params` hold).
-  """
-  if lora.has_adapters(params) and step == "warm_start":
-    base, step = load_params(run_dir, step, params["base"])
-    return lora.with_base(params, base), step
-  if lora.has_adapters(params):
-    if checkpoint.saved_steps(os.path.join(run_dir, "warm_start")):
-      params, _ = load_params(run_dir, "warm_start", params)
-    trained, step = load_params(run_dir, step, lora.trainable(params))
-    return lora.combine(params, trained), step
-  if step == "warm_start":
-    directory, path = os.path.join(run_dir, "warm_start"), ("params",)
-  else:
-    directory, path = os.path.join(run_dir, "ckpt"), ("state", "params")
-  steps = checkpoint.saved_steps(directory)
-  if not steps:
-    raise configs.ConfigError(f"config.step={step!r}: {directory} holds no checkpoint")
-  wanted = steps[-1] if step in ("latest", "warm_start") else int(step)
-  if wanted not in steps:
-    raise configs.ConfigError(f"config.step={step!r} was not kept: {directory} has steps "
-                              f"{steps}; give one of them, 'latest' or 'warm_start'")
-  params = checkpoint.read_subtree(directory, path, params, step=wanted)
-  return params, step if step == "warm_start" else str(wanted)
-
-
 def load_hf(path: str, run_tok, run_config, mesh):
   """(tokenizer, graphdef, params) of an HF directory or GGUF, sharded like the run's policy."""
   # Computed in the run's dtype (hf.load's default is bfloat16), so an exported checkpoint scores
@@ -201,7 +171,7 @@ def train(config: mlc.ConfigDict, workdir: str) -> dict:
     tok, graphdef, params = load_hf(config.model_path, tok, run_config, mesh)
     step = f"hf:{config.model_path}"
   else:
-    params, step = load_params(config.run_dir, config.step, params)
+    params, step = rundir.load_params(config.run_dir, config.step, params)
   if lora.has_adapters(params):  # evaluated and exported with W + (alpha / rank) A B folded in
     graphdef, params = lora.merge(graphdef, params)
   if config.export_hf:

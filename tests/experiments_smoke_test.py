@@ -46,7 +46,7 @@ RL_EXPERIMENTS = ("grpo", "dr_grpo", "dapo", "gspo", "ctpo", "holder_po", "rloo"
                   "reinforce_pp", "gmpo", "cispo", "ppo", "r2vpo", "agent", "reward_model",
                   "hapo", "copo", "d3s", "etr", "riskpo", "arm", "fapo", "delta", "ttrl", "empo",
                   "kto", "hapo_length", "brpo", "hbpo", "decs", "eapo", "tppo", "delethink",
-                  "g2rl", "mssr")
+                  "g2rl", "mssr", "opd")
 _CACHE = tempfile.mkdtemp(prefix="agentrl_xla_cache_")
 atexit.register(shutil.rmtree, _CACHE, ignore_errors=True)
 jax.config.update("jax_compilation_cache_dir", _CACHE)
@@ -127,6 +127,8 @@ class SmokeTest(parameterized.TestCase):
     workdir = _tmpdir(self)
     config = module.get_config("smoke")
     config.log.wandb_project = "agentrl-smoke"
+    if name == "opd":  # the student distils a finished GRPO smoke run
+      config.teacher.run_dir = _grpo_smoke_run(0)
     wandb, calls = _fake_wandb()
     # Only the "wandb" entry is swapped: mock.patch.dict(sys.modules) would also drop every
     # module first imported during the run, and protobuf cannot register those twice.

@@ -14,6 +14,7 @@ The ratio is the part of a policy-gradient objective that varies most between me
                              exponent p; p = 0 is the geometric mean (GSPO ratio).
   rollout_correction_weight  truncated IS weight for the rollout/trainer mismatch
                              (verl `compute_rollout_correction_weights`, docs/algorithms.md §4.12).
+  rollout_rejection_mask     masked IS: 0/1, whether that weight lies in [1/threshold, threshold].
 
 Masks are 1 on policy-sampled tokens and 0 on prompt, padding and tool/observation tokens.
 Every function treats masked entries as absent: they add nothing to sums, counts or maxima,
@@ -212,3 +213,27 @@ def rollout_correction_weight(old_logp_BT: jax.Array, sampler_logp_BT: jax.Array
     mean = total / jnp.maximum(count.astype(jnp.float32), 1.0)
     w_BT = jnp.where(mean > 1e-8, w_BT / jnp.maximum(mean, 1e-8), w_BT)
   return w_BT
+
+
+def rollout_rejection_mask(old_logp_BT: jax.Array, sampler_logp_BT: jax.Array,
+                           mask_BT: jax.Array, *, level: str = "token",
+                           threshold: float = 2.0) -> jax.Array:
+  """Masked IS (verl's rejection sampling): keep a token (level="token") or a whole row
+  (level="sequence") only where its weight pi_old / pi_sampler, as in
+  `rollout_correction_weight` before truncation, lies in [1 / threshold, threshold].
+
+  Returns f32 [B, T] in {0, 1}, 0 where masked, no gradient. It multiplies the loss mask (the
+  dropped tokens leave the aggregation's denominator too) and the advantages.
+  """
+  if level not in ("token", "sequence"):
+    raise ValueError(f"Unknown rollout correction level {level!r}; use 'token' or 'sequence'.")
+  if isinstance(threshold, (int, float)) and threshold <= 1:
+    raise ValueError(f"threshold must be > 1 (the kept band is [1/threshold, threshold]); "
+                     f"got {threshold}.")
+  valid_BT = mask_BT > 0
+  log_w_BT = token_log_ratio(old_logp_BT, sampler_logp_BT, mask_BT, clamp=None)
+  bound = jnp.log(jnp.float32(threshold))
+  if level == "sequence":
+    log_w_BT = jnp.broadcast_to(log_w_BT.sum(-1, keepdims=True), log_w_BT.shape)
+  keep_BT = valid_BT & (jnp.abs(log_w_BT) <= bound)
+  return jax.lax.stop_gradient(keep_BT.astype(jnp.float32))

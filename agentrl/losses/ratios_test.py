@@ -88,6 +88,17 @@ class GoldenTest(chex.TestCase):
                                np.array([[1.5, 1.5, 1.5], [0.9375, 0., 0.9375]]) / 1.21875,
                                rtol=1e-6)
 
+  @chex.variants(with_jit=True, without_jit=True)
+  def test_rollout_rejection_mask(self):
+    # Ratios (2, 0.5, 1.5) and (1.25, masked, 0.75); row products 1.5 and 0.9375.
+    fn = lambda **kw: self.variant(functools.partial(ratios.rollout_rejection_mask, **kw))(
+        LOGP, OLD, MASK)
+    np.testing.assert_array_equal(fn(level="token", threshold=1.6), [[0, 0, 1], [1, 0, 1]])
+    np.testing.assert_array_equal(fn(level="sequence", threshold=1.4), [[0, 0, 0], [1, 0, 1]])
+    np.testing.assert_array_equal(fn(level="sequence", threshold=1.6), [[1, 1, 1], [1, 0, 1]])
+    with self.assertRaisesRegex(ValueError, "threshold must be > 1"):
+      ratios.rollout_rejection_mask(LOGP, OLD, MASK, threshold=0.5)
+
 
 class RatioPropertiesTest(parameterized.TestCase):
 
