@@ -14,9 +14,9 @@ import ml_collections as mlc
 import numpy as np
 
 from agentrl import configs
-from agentrl import loop
 from agentrl import recipe
 from agentrl.envs import verbose_arithmetic
+from agentrl.rollout import collect
 
 # Prompt (BOS + "123+456=") + a budget prompt "[12]" + the longest response, rounded up.
 VERBOSE_MAX_LEN = 32
@@ -77,7 +77,7 @@ def length_evaluator(config: mlc.ConfigDict, engine, tok, make_env) -> Callable:
     trajs = recipe.held_out_rollouts(
         engine, tok, make_env, params, num=config.eval.num_problems, max_turns=tc.max_turns,
         max_new_tokens=rc.max_new_tokens, max_len=rc.max_len, chat_template=tc.chat_template)
-    return {"success": float(np.mean([loop.trajectory_success(t) for t in trajs])),
+    return {"success": float(np.mean([collect.trajectory_success(t) for t in trajs])),
             "response_tokens": float(np.mean([t.loss_mask.sum() for t in trajs]))}
 
   return evaluate

@@ -43,8 +43,7 @@ from agentrl.losses import aggregation
 from agentrl.losses import kl
 from agentrl.models import lora
 from agentrl.models import policy as policy_lib
-from agentrl.rollout import agent_loop
-from agentrl.rollout import pack as pack_lib
+from agentrl.rollout import collect
 
 # Keys whose values depend on wall time; everything else in a run's records is reproducible.
 TIMING_KEYS = ("time/rollout", "time/score", "time/update", "time/step", "time/eval",
@@ -64,64 +63,8 @@ class DataStream(Protocol):
     ...
 
 
-@dataclasses.dataclass
-class Rollout:
-  """What one rollout hands to the device side."""
-  batch: types.Batch                       # device arrays; rows [i*G, (i+1)*G) share a prompt
-  metrics: dict[str, float]                # host scalars: reward, success, lengths, env counters
-  extras: dict[str, Any] = dataclasses.field(default_factory=dict)  # e.g. greedy_reward_B
-  lengths_B: np.ndarray | None = None      # host: real tokens per row (length-sorted updates)
-
-
-def trajectory_success(traj: agent_loop.Trajectory) -> bool:
-  """Whether any env step of the trajectory reported success (envs/base.py info contract)."""
-  return any(bool(info.get("success")) for info in traj.infos)
-
-
-def rollout_metrics(trajs: Sequence[agent_loop.Trajectory]) -> dict[str, float]:
-  """The host metrics every rollout logs: mean reward, success rate, sampled tokens."""
-  return {"reward": float(np.mean([t.reward for t in trajs])),
-          "success": float(np.mean([trajectory_success(t) for t in trajs])),
-          "rollout/sampled_tokens": float(sum(t.loss_mask.sum() for t in trajs))}
-
-
-def batch_metrics(trajs: Sequence[agent_loop.Trajectory], batch: types.Batch) -> dict[str, float]:
-  """Real (non-padding) tokens of the packed batch of `trajs`, and the padding fraction."""
-  B, T = batch.tokens_BT.shape
-  real = float(row_lengths(trajs, batch).sum())
-  return {"rollout/batch_tokens": real, "rollout/pad_frac": 1.0 - real / (B * T)}
-
-
-def row_lengths(trajs: Sequence[agent_loop.Trajectory], batch: types.Batch) -> np.ndarray:
-  """Host [B] real (non-padding) tokens of each packed row: `Rollout.lengths_B`."""
-  return np.asarray([min(len(t.tokens), batch.tokens_BT.shape[1]) for t in trajs], np.int32)
-
-
-def env_rollout(engine, params, tok, make_env: Callable[[], Any], seeds: Sequence[Any], *,
-                rng: jax.Array, group_size: int, max_turns: int, max_new_tokens: int,
-                max_len: int, temperature: float, chat_template: bool,
-                greedy_baseline: bool = False, min_len: int = 16, per_octave: int = 1,
-                sharding=None,
-                **sample_kwargs) -> Rollout:
-  """G rollouts per seed through `agent_loop.rollout_groups`, packed into a device Batch.
-
-  Rewards are the envs' (sum of per-turn rewards). With `greedy_baseline` the extras hold
-  `greedy_reward_B` (one greedy rollout per prompt, repeated over its group) for ReMax.
-  """
-  groups = agent_loop.rollout_groups(
-      engine, params, tok, make_env, seeds, group_size=group_size,
-      greedy_baseline=greedy_baseline, rng=rng, max_turns=max_turns,
-      max_new_tokens=max_new_tokens, max_len=max_len, temperature=temperature,
-      chat_template=chat_template, **sample_kwargs)
-  trajs = groups.trajectories
-  batch = pack_lib.pack(trajs, max_len=max_len, pad_id=tok.pad_id, min_len=min_len,
-                        per_octave=per_octave, sharding=sharding)
-  host = {**groups.metrics, **rollout_metrics(trajs), **batch_metrics(trajs, batch)}
-  extras = {}
-  if greedy_baseline:
-    greedy_B = np.repeat([t.reward for t in groups.baseline], group_size).astype(np.float32)
-    extras["greedy_reward_B"] = jax.device_put(greedy_B, sharding)
-  return Rollout(batch=batch, metrics=host, extras=extras, lengths_B=row_lengths(trajs, batch))
+# What one rollout hands to the device side (rollout_fn's return value).
+Rollout = collect.Rollout
 
 
 def make_score_step(graphdef, *, temperature: float, logprob_impl: str = "auto",

@@ -34,7 +34,6 @@ import optax
 
 from agentrl import checkpoint
 from agentrl import configs
-from agentrl import loop
 from agentrl import sharding
 from agentrl import sft
 from agentrl.data import generators
@@ -51,6 +50,7 @@ from agentrl.models import transformer
 # The config blocks live in rl_config; experiments use them as recipe.<name>.
 from agentrl.rl_config import (  # pylint: disable=unused-import
     PRESETS, RL_SCHEMA, TASKS, lora_config, rl_config, validate)
+from agentrl.rollout import collect
 from agentrl.rollout import engine as engine_lib
 
 # Held-out evaluation seeds: disjoint from every training, SFT and validation seed.
@@ -285,7 +285,7 @@ def group_rollout_fn(config: mlc.ConfigDict, engine, tok, make_env, data, mesh, 
   def rollout_fn(params, rng, step):
     del step
     seeds = [entry["seed"] for entry in data.take(rc.prompts_per_step)]
-    return loop.env_rollout(engine, params, tok, make_env, seeds,
+    return collect.env_rollout(engine, params, tok, make_env, seeds,
                             rng=rng, group_size=rc.group_size, max_turns=tc.max_turns,
                             max_new_tokens=rc.max_new_tokens, max_len=rc.max_len,
                             temperature=rc.temperature, chat_template=tc.chat_template,
@@ -311,7 +311,7 @@ def held_out_rollouts(engine, tok, make_env, params, *, num: int, max_turns: int
 def held_out_success(engine, tok, make_env, params, **kwargs) -> float:
   """Greedy success rate of `held_out_rollouts` (same keywords)."""
   trajs = held_out_rollouts(engine, tok, make_env, params, **kwargs)
-  return float(np.mean([loop.trajectory_success(t) for t in trajs]))
+  return float(np.mean([collect.trajectory_success(t) for t in trajs]))
 
 
 def evaluator(config: mlc.ConfigDict, engine, tok, make_env) -> Callable:

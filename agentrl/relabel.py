@@ -26,6 +26,7 @@ from agentrl import sharding
 from agentrl.rewards import extract
 from agentrl.rewards import label_free
 from agentrl.rollout import agent_loop
+from agentrl.rollout import collect
 from agentrl.rollout import pack
 
 Trajectory = agent_loop.Trajectory
@@ -118,9 +119,9 @@ def group_rollout_fn(config: mlc.ConfigDict, engine, tok, make_env, data, mesh,
       host["rollout/reward_mean"] = float(np.mean(labels.reward_B))
     batch = pack.pack(trajs, max_len=rc.max_len, pad_id=tok.pad_id, min_len=min_len,
                       per_octave=rc.buckets_per_octave, sharding=rows)
-    host |= loop.rollout_metrics(trajs) | loop.batch_metrics(trajs, batch)
+    host |= collect.rollout_metrics(trajs) | collect.batch_metrics(trajs, batch)
     extras = {k: jax.device_put(np.asarray(v), rows) for k, v in labels.extras.items()}
     return loop.Rollout(batch=batch, metrics=host, extras=extras,
-                        lengths_B=loop.row_lengths(trajs, batch))
+                        lengths_B=collect.row_lengths(trajs, batch))
 
   return rollout_fn

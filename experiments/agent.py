@@ -75,6 +75,7 @@ from agentrl.losses import aggregation
 from agentrl.losses import policy as pg
 from agentrl.models import policy as policy_lib
 from agentrl.rollout import agent_loop
+from agentrl.rollout import collect
 from agentrl.rollout import pack
 
 
@@ -370,7 +371,7 @@ def make_rollout_fn(config, engine, tok, make_env, data, mesh, probe_step,
       extras = infopo_extras(trajs, batch, counterfactual_step, params,
                              placeholder_ids=placeholder_ids, U=U, max_len=rc.max_len,
                              pad_id=tok.pad_id, rows=rows)
-    host = {**groups.metrics, **loop.rollout_metrics(trajs), **loop.batch_metrics(trajs, batch)}
+    host = {**groups.metrics, **collect.rollout_metrics(trajs), **collect.batch_metrics(trajs, batch)}
     return loop.Rollout(batch=batch, metrics=host, extras=extras)
 
   return rollout_fn

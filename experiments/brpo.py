@@ -59,6 +59,7 @@ from agentrl.losses import aggregation
 from agentrl.losses import policy as pg
 from agentrl.models import policy as policy_lib
 from agentrl.rollout import anytime
+from agentrl.rollout import collect
 from agentrl.rollout import pack
 
 PRIORS = ("linear", "uniform", "base")
@@ -192,7 +193,7 @@ def rollout_metrics(out: anytime.AnytimeRollout, trajs, batch) -> dict[str, floa
   final = out.score_BSA[:, -1, :].mean()
   thinking_B = np.asarray([t.loss_mask.sum() for t in out.thinking])
   summary_B = np.asarray([t.loss_mask.sum() for t in out.summaries[(S - 1) * A::S * A]])
-  metrics = {**out.metrics, **loop.batch_metrics(trajs, batch),
+  metrics = {**out.metrics, **collect.batch_metrics(trajs, batch),
              "reward": float(final), "success": float(final),
              "rollout/reward_mean": float(final),
              "rollout/response_tokens_mean": float(np.mean(thinking_B + summary_B)),

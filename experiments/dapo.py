@@ -33,6 +33,7 @@ from agentrl.losses import aggregation
 from agentrl.losses import policy as pg
 from agentrl.models import policy as policy_lib
 from agentrl.rollout import agent_loop
+from agentrl.rollout import collect
 from agentrl.rollout import pack
 
 
@@ -119,10 +120,10 @@ def make_rollout_fn(config, engine, tok, make_env, data, mesh):
                       min_len=min(rc.min_len, rc.max_len), per_octave=rc.buckets_per_octave,
                       sharding=sharding.batch_sharding(mesh))
     # reward/success describe the policy, so they average every sampled trajectory.
-    host = {**loop.rollout_metrics(sampled), **loop.batch_metrics(trajs, batch),
+    host = {**collect.rollout_metrics(sampled), **collect.batch_metrics(trajs, batch),
             "dapo/gen_batches": float(attempt + 1),
             "dapo/informative_groups": float(min(len(kept), rc.prompts_per_step))}
-    return loop.Rollout(batch=batch, metrics=host, lengths_B=loop.row_lengths(trajs, batch))
+    return loop.Rollout(batch=batch, metrics=host, lengths_B=collect.row_lengths(trajs, batch))
 
   return rollout_fn
 

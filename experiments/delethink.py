@@ -56,6 +56,7 @@ from agentrl import types
 from agentrl.losses import policy as pg
 from agentrl.models import policy as policy_lib
 from agentrl.rollout import agent_loop
+from agentrl.rollout import collect
 from agentrl.rollout import delethink
 from agentrl.rollout import pack
 
@@ -206,7 +207,7 @@ def delethink_rollout_fn(config, engine, tok, make_env, data, mesh):
                       sharding=rows)
     fields = {f.name: getattr(batch, f.name) for f in dataclasses.fields(types.Batch)}
     batch = Batch(**fields, trace_len_B=jax.device_put(trace_len_C, rows))
-    host = {**metrics, **trace_metrics(traces), **loop.batch_metrics(chunk_rows, batch)}
+    host = {**metrics, **trace_metrics(traces), **collect.batch_metrics(chunk_rows, batch)}
     extras = {"trace_reward_B": jax.device_put(np.asarray([t.reward for t in traces],
                                                           np.float32), rows),
               "owner_C": jax.device_put(owner_C, rows)}

@@ -47,7 +47,6 @@ import numpy as np
 from agentrl import cli
 from agentrl import configs
 from agentrl import distributed
-from agentrl import loop
 from agentrl import metrics as metrics_lib
 from agentrl import recipe
 from agentrl import rundir
@@ -57,6 +56,7 @@ from agentrl.models import hf_tokenizer
 from agentrl.models import lora
 from agentrl.models import tokenizer as tokenizer_lib
 from agentrl.models import transformer
+from agentrl.rollout import collect
 
 
 def get_config(arg: str | None = None) -> mlc.ConfigDict:
@@ -153,9 +153,9 @@ def evaluate(config, run_config, engine, tok, make_env, params) -> dict[str, flo
   sampled, _ = engine.run(params, tok, [make_env() for _ in rows], rows,
                           rng=jax.random.key(config.seed + 1), temperature=config.temperature,
                           **common)
-  correct = np.asarray([loop.trajectory_success(t) for t in sampled]).reshape(
+  correct = np.asarray([collect.trajectory_success(t) for t in sampled]).reshape(
       config.num_problems, config.samples).sum(1)
-  result = {"greedy_success": float(np.mean([loop.trajectory_success(t) for t in greedy]))}
+  result = {"greedy_success": float(np.mean([collect.trajectory_success(t) for t in greedy]))}
   for k in parse_ks(config.ks, config.samples):
     result[f"pass@{k}"] = float(np.mean([pass_at_k(config.samples, int(c), k) for c in correct]))
   return result

@@ -48,6 +48,7 @@ from agentrl import types
 from agentrl.losses import aggregation
 from agentrl.losses import trust_region
 from agentrl.models import policy as policy_lib
+from agentrl.rollout import collect
 
 
 def get_config(arg: str | None = None) -> mlc.ConfigDict:
@@ -143,7 +144,7 @@ def make_rollout_fn(config, engine, tok, make_env, data, mesh):
     if stats_5[0] > 0 and rc.temperature_tau > 0:
       adaptive = (rc.temperature_tau, float(rc.temperature_signed), *stats_5[1:])
     seeds = [entry["seed"] for entry in data.take(rc.prompts_per_step)]
-    return loop.env_rollout(engine, params, tok, make_env, seeds, rng=rng,
+    return collect.env_rollout(engine, params, tok, make_env, seeds, rng=rng,
                             group_size=rc.group_size, max_turns=tc.max_turns,
                             max_new_tokens=rc.max_new_tokens, max_len=rc.max_len,
                             temperature=rc.temperature, chat_template=tc.chat_template,

@@ -54,6 +54,7 @@ from agentrl.losses import aggregation
 from agentrl.losses import kl
 from agentrl.losses import policy as pg
 from agentrl.models import policy as policy_lib
+from agentrl.rollout import collect
 
 
 @flax.struct.dataclass
@@ -190,7 +191,7 @@ def rollout_fn_with_slots(config, engine, tok, make_env, data, mesh):
   def rollout_fn(params, rng, step):
     del step
     seeds = [entry["seed"] for entry in data.take(rc.prompts_per_step)]
-    out = loop.env_rollout(engine, params, tok, make_env, seeds, rng=rng,
+    out = collect.env_rollout(engine, params, tok, make_env, seeds, rng=rng,
                            group_size=rc.group_size, max_turns=tc.max_turns,
                            max_new_tokens=rc.max_new_tokens, max_len=rc.max_len,
                            temperature=rc.temperature, chat_template=tc.chat_template,

@@ -37,6 +37,7 @@ from agentrl.losses import aggregation
 from agentrl.losses import policy as pg
 from agentrl.models import policy as policy_lib
 from agentrl.rewards import label_free
+from agentrl.rollout import collect
 
 
 def get_config(arg: str | None = None) -> mlc.ConfigDict:
@@ -84,7 +85,7 @@ def make_reward_fn(config, tok):
 
   def reward_fn(trajs):
     answers = relabel.answers(trajs, tok, task)
-    success = [loop.trajectory_success(t) for t in trajs]  # gold: logged, never trained on
+    success = [collect.trajectory_success(t) for t in trajs]  # gold: logged, never trained on
     return relabel.Labels(
         reward_B=label_free.per_group(answers, G, label_free.majority_vote_rewards),
         metrics={"majority_accuracy": relabel.majority_accuracy(answers, success,

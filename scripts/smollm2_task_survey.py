@@ -19,10 +19,10 @@ from absl import flags
 import jax
 import numpy as np
 
-from agentrl import loop
 from agentrl import recipe
 from agentrl import sharding
 from agentrl.envs import registry
+from agentrl.rollout import collect
 
 _DATASETS = flags.DEFINE_list(
     "datasets", ["leg_counting", "basic_arithmetic", "chain_sum", "spell_backward",
@@ -45,9 +45,9 @@ def survey(name: str, config, tok, graphdef, params, engine) -> dict:
   group_seeds = [s for s in seeds for _ in range(_GROUP.value)]
   sampled, _ = engine.run(params, tok, [make_env() for _ in group_seeds], group_seeds,
                           rng=jax.random.key(1), temperature=rc.temperature, **kw)
-  won_PG = np.asarray([loop.trajectory_success(t) for t in sampled],
+  won_PG = np.asarray([collect.trajectory_success(t) for t in sampled],
                       np.float32).reshape(-1, _GROUP.value)
-  return {"greedy": np.mean([loop.trajectory_success(t) for t in greedy]),
+  return {"greedy": np.mean([collect.trajectory_success(t) for t in greedy]),
           "sampled": won_PG.mean(), "mixed": np.mean((won_PG.min(1) < won_PG.max(1))),
           "tokens": np.mean([float(t.loss_mask.sum()) for t in sampled]),
           "seconds": time.perf_counter() - start}

@@ -1,0 +1,82 @@
+# pylint: disable=invalid-name
+"""From trajectories to what the loop trains on: a packed device Batch and the step's host
+metrics (`Rollout`, the return value of every `loop.run` rollout_fn).
+
+  rollout = collect.env_rollout(engine, params, tok, make_env, seeds, rng=key, group_size=8,
+                                max_turns=1, max_new_tokens=6, max_len=16, temperature=1.0,
+                                chat_template=False)
+
+`env_rollout` runs G episodes per seed through `agent_loop.rollout_groups` and packs them; the
+metric helpers are shared by the rollouts that collect trajectories their own way (relabelled
+rewards, dynamic sampling, chunked traces).
+"""
+from collections.abc import Callable, Sequence
+import dataclasses
+from typing import Any
+
+import jax
+import numpy as np
+
+from agentrl import types
+from agentrl.rollout import agent_loop
+from agentrl.rollout import pack as pack_lib
+
+
+@dataclasses.dataclass
+class Rollout:
+  """What one rollout hands to the device side."""
+  batch: types.Batch                       # device arrays; rows [i*G, (i+1)*G) share a prompt
+  metrics: dict[str, float]                # host scalars: reward, success, lengths, env counters
+  extras: dict[str, Any] = dataclasses.field(default_factory=dict)  # e.g. greedy_reward_B
+  lengths_B: np.ndarray | None = None      # host: real tokens per row (length-sorted updates)
+
+
+def trajectory_success(traj: agent_loop.Trajectory) -> bool:
+  """Whether any env step of the trajectory reported success (envs/base.py info contract)."""
+  return any(bool(info.get("success")) for info in traj.infos)
+
+
+def rollout_metrics(trajs: Sequence[agent_loop.Trajectory]) -> dict[str, float]:
+  """The host metrics every rollout logs: mean reward, success rate, sampled tokens."""
+  return {"reward": float(np.mean([t.reward for t in trajs])),
+          "success": float(np.mean([trajectory_success(t) for t in trajs])),
+          "rollout/sampled_tokens": float(sum(t.loss_mask.sum() for t in trajs))}
+
+
+def batch_metrics(trajs: Sequence[agent_loop.Trajectory], batch: types.Batch) -> dict[str, float]:
+  """Real (non-padding) tokens of the packed batch of `trajs`, and the padding fraction."""
+  B, T = batch.tokens_BT.shape
+  real = float(row_lengths(trajs, batch).sum())
+  return {"rollout/batch_tokens": real, "rollout/pad_frac": 1.0 - real / (B * T)}
+
+
+def row_lengths(trajs: Sequence[agent_loop.Trajectory], batch: types.Batch) -> np.ndarray:
+  """Host [B] real (non-padding) tokens of each packed row: `Rollout.lengths_B`."""
+  return np.asarray([min(len(t.tokens), batch.tokens_BT.shape[1]) for t in trajs], np.int32)
+
+
+def env_rollout(engine, params, tok, make_env: Callable[[], Any], seeds: Sequence[Any], *,
+                rng: jax.Array, group_size: int, max_turns: int, max_new_tokens: int,
+                max_len: int, temperature: float, chat_template: bool,
+                greedy_baseline: bool = False, min_len: int = 16, per_octave: int = 1,
+                sharding=None,
+                **sample_kwargs) -> Rollout:
+  """G rollouts per seed through `agent_loop.rollout_groups`, packed into a device Batch.
+
+  Rewards are the envs' (sum of per-turn rewards). With `greedy_baseline` the extras hold
+  `greedy_reward_B` (one greedy rollout per prompt, repeated over its group) for ReMax.
+  """
+  groups = agent_loop.rollout_groups(
+      engine, params, tok, make_env, seeds, group_size=group_size,
+      greedy_baseline=greedy_baseline, rng=rng, max_turns=max_turns,
+      max_new_tokens=max_new_tokens, max_len=max_len, temperature=temperature,
+      chat_template=chat_template, **sample_kwargs)
+  trajs = groups.trajectories
+  batch = pack_lib.pack(trajs, max_len=max_len, pad_id=tok.pad_id, min_len=min_len,
+                        per_octave=per_octave, sharding=sharding)
+  host = {**groups.metrics, **rollout_metrics(trajs), **batch_metrics(trajs, batch)}
+  extras = {}
+  if greedy_baseline:
+    greedy_B = np.repeat([t.reward for t in groups.baseline], group_size).astype(np.float32)
+    extras["greedy_reward_B"] = jax.device_put(greedy_B, sharding)
+  return Rollout(batch=batch, metrics=host, extras=extras, lengths_B=row_lengths(trajs, batch))
