@@ -198,7 +198,7 @@ class HapoTemperatureTest(absltest.TestCase):
     fake = lambda *args, **kwargs: seen.append(kwargs["adaptive_temperature"])
     data = mock.Mock(take=lambda n: [{"seed": i} for i in range(n)])
     rollout_fn = hapo.make_rollout_fn(config, None, mock.Mock(), None, data, mesh)
-    with mock.patch.object(hapo.loop, "env_rollout", fake):
+    with mock.patch.object(hapo.collect, "env_rollout", fake):
       rollout_fn((params, state.entropy_stats), None, 1)
       rollout_fn((params, new_state.entropy_stats), None, 2)
     self.assertIsNone(seen[0])  # before any update: the plain temperature
