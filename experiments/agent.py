@@ -52,7 +52,6 @@ agentrl.recipe, agentrl.loop and agentrl.credit.
 from absl import app
 from flax import nnx
 import jax
-import jax.numpy as jnp
 import ml_collections as mlc
 import numpy as np
 
@@ -240,59 +239,6 @@ def make_advantage_fn(config):
 
 
 # ---------------------------------------------------------------------------------------------
-# Information-gain probes: log pi(gold | history before turn k) for every turn.
-# ---------------------------------------------------------------------------------------------
-def make_probe_step(graphdef, *, logprob_impl: str):
-  """probe_step(params, tokens, positions, input_mask, mask) -> summed gold log-prob per row."""
-
-  def probe_step(params, tokens_BT, positions_BT, input_mask_BT, mask_BT):
-    policy = nnx.merge(graphdef, params)
-    logp_BT = policy_lib.token_logprobs(policy, tokens_BT, positions_BT, input_mask_BT,
-                                        impl=logprob_impl)
-    return (logp_BT * mask_BT).sum(-1)
-
-  return probe_step
-
-
-# ---------------------------------------------------------------------------------------------
-# SIOP: the group's own final answers as references, scored after every turn.
-# ---------------------------------------------------------------------------------------------
-def final_answers(trajs, tok) -> list[str | None]:
-  """Each rollout's final answer: its last model turn's command as the env parses it ("guess
-  37"); None without a model turn or a command."""
-  stop = {int(t) for t in tok.end_of_turn_ids}
-  stop |= {int(tok.eos_id)} if tok.eos_id is not None else set()
-  answers = []
-  for traj in trajs:
-    sampled = np.nonzero(traj.loss_mask > 0)[0]
-    last = sampled[traj.turn[sampled] == traj.turn[sampled].max()] if sampled.size else sampled
-    command = hidden_rule.parse_command(
-        tok.decode([int(t) for t in traj.tokens[last] if int(t) not in stop]))
-    answers.append(" ".join(command).strip() if command else None)
-  return answers
-
-
-def make_counterfactual_step(graphdef, *, temperature: float, logprob_impl: str):
-  """step(params, batch, counterfactual) -> (logp_BT, counterfactual_logp_BT): the policy's
-  log-probs of the real transcript, and those of each turn t + 1's tokens with observation t
-  replaced (`counterfactual` packs `counterfactual_trajs`); the real ones elsewhere."""
-
-  def step(params, batch: types.Batch, counterfactual: types.Batch):
-    policy = nnx.merge(graphdef, params)
-    score = lambda b: policy_lib.token_logprobs(policy, b.tokens_BT, b.positions_BT,
-                                                b.input_mask_BT, temperature=temperature,
-                                                impl=logprob_impl)
-    logp_BT = score(batch)
-    B, T = logp_BT.shape
-    cf_BVT = score(counterfactual).reshape(B, -1, T)
-    index_BT = jnp.clip(batch.turn_BT - 1, 0, cf_BVT.shape[1] - 1)
-    cf_BT = jnp.take_along_axis(cf_BVT, index_BT[:, None, :], axis=1)[:, 0]
-    return logp_BT, jnp.where(batch.turn_BT >= 1, cf_BT, logp_BT)
-
-  return step
-
-
-# ---------------------------------------------------------------------------------------------
 # The rollout: groups, packed, and each credit's host-side extras.
 # ---------------------------------------------------------------------------------------------
 def gold_extras(trajs, golds, probe_step, params, *, U, length, pad_id, rows) -> dict:
@@ -308,7 +254,8 @@ def gold_extras(trajs, golds, probe_step, params, *, U, length, pad_id, rows) ->
 def siop_extras(trajs, tok, probe_step, params, *, G, U, probe_len, length, rows) -> dict:
   """SIOP's inputs: mean log pi(reference r | prompt) [B, R] and (| through turn k) [B, U, R],
   the references' weights [B, R], q [B] and the turn mask [B, U]."""
-  refs, weight_BR, target_B = probes.siop_references(final_answers(trajs, tok), group_size=G)
+  answers = probes.final_answers(trajs, tok, hidden_rule.parse_command)
+  refs, weight_BR, target_B = probes.siop_references(answers, group_size=G)
   ref_ids = [[np.asarray(tok.encode(r), np.int32)[:probe_len] for r in rs] for rs in refs]
   *rows_probe, turn_mask = probes.siop_probes(trajs, ref_ids, max_turns=U, num_refs=SIOP_REFS,
                                    length=length, pad_id=tok.pad_id)
@@ -360,7 +307,8 @@ def make_rollout_fn(config, engine, tok, make_env, data, mesh, probe_step,
                       sharding=rows)
     extras = {}
     if credit == "gigpo":
-      extras = jax.device_put(probes.step_groups(trajs, group_size=rc.group_size, max_turns=U), rows)
+      extras = jax.device_put(
+          probes.step_groups(trajs, group_size=rc.group_size, max_turns=U), rows)
     elif credit in PROBED:
       extras = gold_extras(trajs, golds(seeds), probe_step, params, U=U, length=length,
                            pad_id=tok.pad_id, rows=rows)
@@ -371,7 +319,8 @@ def make_rollout_fn(config, engine, tok, make_env, data, mesh, probe_step,
       extras = infopo_extras(trajs, batch, counterfactual_step, params,
                              placeholder_ids=placeholder_ids, U=U, max_len=rc.max_len,
                              pad_id=tok.pad_id, rows=rows)
-    host = {**groups.metrics, **collect.rollout_metrics(trajs), **collect.batch_metrics(trajs, batch)}
+    host = {**groups.metrics, **collect.rollout_metrics(trajs),
+            **collect.batch_metrics(trajs, batch)}
     return loop.Rollout(batch=batch, metrics=host, extras=extras)
 
   return rollout_fn
@@ -403,9 +352,9 @@ def train(config: mlc.ConfigDict, workdir: str) -> dict:
                                             logprob_impl=impl, with_ref=True))
   update_step = jax.jit(loop.skip_nonfinite(make_update_step(config, graphdef, tx)),
                         donate_argnames="state", out_shardings=(state_shardings, None))
-  probe_step = jax.jit(make_probe_step(graphdef, logprob_impl=impl))
-  counterfactual_step = jax.jit(make_counterfactual_step(graphdef, temperature=rc.temperature,
-                                                         logprob_impl=impl))
+  probe_step = jax.jit(probes.make_probe_step(graphdef, logprob_impl=impl))
+  counterfactual_step = jax.jit(probes.make_counterfactual_step(
+      graphdef, temperature=rc.temperature, logprob_impl=impl))
 
   # ---- Rollout (with the credit's probes), data and held-out evaluation.
   data = recipe.prompt_stream(make_env)

@@ -24,6 +24,7 @@ from agentrl.credit import igpo
 from agentrl.credit import infopo
 from agentrl.credit import probes
 from agentrl.credit import siop
+from agentrl.envs import hidden_rule
 from agentrl.models import policy as policy_lib
 from agentrl.models import testing
 from agentrl.models import transformer
@@ -165,7 +166,7 @@ class HostExtrasTest(absltest.TestCase):
   def test_final_answers_are_the_last_commands(self):
     empty = _traj([5, 6], [])
     odd = _traj([5, 6, 3, 4, 9, 14, 15], [0.0, 0.0])     # "?" then the stop id
-    self.assertEqual(agent.final_answers(TRAJS + [empty, odd], TOK),
+    self.assertEqual(probes.final_answers(TRAJS + [empty, odd], TOK, hidden_rule.parse_command),
                      ["guess 10", "guess 12", "guess 10", "guess 10", None, None])
 
   def test_siop_references_per_group(self):
@@ -207,8 +208,8 @@ class HostExtrasTest(absltest.TestCase):
     cfg = transformer.Config.named("tiny", vocab=16, width=16, depth=1, heads=2, kv_heads=2,
                                    head_dim=8, mlp=32)
     graphdef, params = testing.random_params(cfg)
-    step = jax.jit(agent.make_counterfactual_step(graphdef, temperature=1.0,
-                                                  logprob_impl="xla"))
+    step = jax.jit(probes.make_counterfactual_step(graphdef, temperature=1.0,
+                                                   logprob_impl="xla"))
     batch = pack.pack(TRAJS, max_len=8, pad_id=0, min_len=8)
     cf_trajs, _ = probes.counterfactual_trajs(TRAJS, [14, 15], max_turns=U)
     cf_batch = pack.pack(cf_trajs, max_len=8, pad_id=0, min_len=8)

@@ -3,12 +3,19 @@
 
 Where each model turn starts and ends, "context then answer" probe rows (IGPO's gold-answer
 probes, SIOP's reference probes), GiGPO's anchor-state step groups, SIOP's answer modes and
-InfoPO's counterfactual transcripts. The scoring passes over these rows are the experiment's
-(experiments/agent.py); rows [i*G, (i+1)*G) are prompt i's trajectories throughout.
+InfoPO's counterfactual transcripts, and the jitted teacher-forced passes that score them
+(`make_probe_step`, `make_counterfactual_step`); rows [i*G, (i+1)*G) are prompt i's
+trajectories throughout. experiments/agent.py composes them.
 """
+from collections.abc import Callable, Sequence
 import dataclasses
 
+from flax import nnx
+import jax.numpy as jnp
 import numpy as np
+
+from agentrl import types
+from agentrl.models import policy as policy_lib
 
 from agentrl.credit import gigpo
 from agentrl.credit import infopo
@@ -118,3 +125,50 @@ def counterfactual_trajs(trajs, placeholder_ids, *, max_turns: int):
         feedback[i, t] = 1.0
       out.append(dataclasses.replace(traj, tokens=tokens))
   return out, feedback
+
+
+def make_probe_step(graphdef, *, logprob_impl: str):
+  """probe_step(params, tokens, positions, input_mask, mask) -> summed gold log-prob per row."""
+
+  def probe_step(params, tokens_BT, positions_BT, input_mask_BT, mask_BT):
+    policy = nnx.merge(graphdef, params)
+    logp_BT = policy_lib.token_logprobs(policy, tokens_BT, positions_BT, input_mask_BT,
+                                        impl=logprob_impl)
+    return (logp_BT * mask_BT).sum(-1)
+
+  return probe_step
+
+
+def make_counterfactual_step(graphdef, *, temperature: float, logprob_impl: str):
+  """step(params, batch, counterfactual) -> (logp_BT, counterfactual_logp_BT): the policy's
+  log-probs of the real transcript, and those of each turn t + 1's tokens with observation t
+  replaced (`counterfactual` packs `counterfactual_trajs`); the real ones elsewhere."""
+
+  def step(params, batch: types.Batch, counterfactual: types.Batch):
+    policy = nnx.merge(graphdef, params)
+    score = lambda b: policy_lib.token_logprobs(policy, b.tokens_BT, b.positions_BT,
+                                                b.input_mask_BT, temperature=temperature,
+                                                impl=logprob_impl)
+    logp_BT = score(batch)
+    B, T = logp_BT.shape
+    cf_BVT = score(counterfactual).reshape(B, -1, T)
+    index_BT = jnp.clip(batch.turn_BT - 1, 0, cf_BVT.shape[1] - 1)
+    cf_BT = jnp.take_along_axis(cf_BVT, index_BT[:, None, :], axis=1)[:, 0]
+    return logp_BT, jnp.where(batch.turn_BT >= 1, cf_BT, logp_BT)
+
+  return step
+
+
+def final_answers(trajs, tok, parse: Callable[[str], Sequence[str] | None]) -> list[str | None]:
+  """Each rollout's final answer: its last model turn's text as `parse` reads it (e.g.
+  `hidden_rule.parse_command`: "guess 37"), words joined; None without a model turn or a parse."""
+  stop = {int(t) for t in tok.end_of_turn_ids}
+  stop |= {int(tok.eos_id)} if tok.eos_id is not None else set()
+  answers = []
+  for traj in trajs:
+    sampled = np.nonzero(traj.loss_mask > 0)[0]
+    last = sampled[traj.turn[sampled] == traj.turn[sampled].max()] if sampled.size else sampled
+    command = parse(
+        tok.decode([int(t) for t in traj.tokens[last] if int(t) not in stop]))
+    answers.append(" ".join(command).strip() if command else None)
+  return answers
