@@ -256,6 +256,20 @@ class OverlapTest(absltest.TestCase):
       np.testing.assert_array_equal(extended.state.params["logits"],
                                     longer.state.params["logits"])
 
+  def test_rollout_thread_runs_under_the_callers_mesh(self):
+    bandit, meshes = _Bandit(), []
+    rollout = bandit.rollout
+
+    def recording_rollout(params, rng, step):
+      meshes.append(jax.sharding.get_abstract_mesh().axis_names)
+      return rollout(params, rng, step)
+
+    bandit.rollout = recording_rollout
+    mesh = jax.make_mesh((1,), ("data",))
+    with jax.set_mesh(mesh):
+      bandit.run(_tmpdir(self), total_steps=3, max_staleness=1)
+    self.assertEqual(meshes, [("data",)] * 3)
+
   def test_staleness_change_on_resume_is_refused(self):
     workdir = _tmpdir(self)
     _Bandit().run(workdir, total_steps=2, max_staleness=1)

@@ -80,7 +80,9 @@ class RolloutProducer:
     self._pending: dict[int, _Pending] = {}
     self._pool = (concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="rollout")
                   if max_staleness else None)
-    self._mesh = jax.sharding.get_mesh()  # mesh contexts are per thread: the worker re-enters
+    # Mesh contexts are per thread: the worker re-enters the caller's.
+    get_mesh = getattr(jax.sharding, "get_mesh", None)
+    self._mesh = get_mesh() if get_mesh is not None and max_staleness else None
     self.data_state = data.state() if data is not None else {}  # after the last taken rollout
 
   # -- The schedule.
@@ -121,7 +123,7 @@ class RolloutProducer:
 
   def _make(self, step: int, version: int, inputs: Any):
     start = time.perf_counter()
-    if self._mesh.empty:
+    if self._mesh is None or self._mesh.empty:
       rollout = self._fn(inputs, rollout_key(self._rng, step), step)
     else:
       with jax.set_mesh(self._mesh):
