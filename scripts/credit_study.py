@@ -8,7 +8,7 @@ Every run is `python -m experiments.agent` with its `cpu` preset (the number-gue
 game, 7 turns, a tiny model warm-started by SFT on demonstrations) and one `loss.credit`:
 
   grpo         the outcome's group z-score on every turn (no turn-level credit);
-  a2tgpo_igpo  A2TGPO over IGPO information-gain turn rewards (the experiment's default);
+  a2tgpo_igpo  A2TGPO over IGPO information-gain turn rewards (the smollm2/pod presets' default);
   igpo         IGPO's own advantage (log-prob-difference gains, separate normalisation);
   gigpo        GiGPO: episode group advantage + anchor-state step groups (gamma 0.95, as its
                launchers).
