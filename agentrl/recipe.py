@@ -237,12 +237,19 @@ def _demonstrations(config: mlc.ConfigDict, engine, tok) -> sft.Data:
 
 
 def make_optimizer(oc: mlc.ConfigDict, *, lr: float | None = None) -> optax.GradientTransformation:
-  """Global-norm clipping, then Adam (with a linear warmup when oc.warmup_steps > 0).
+  """Global-norm clipping, then Adam (with a linear warmup when oc.warmup_steps > 0, and a
+  linear decay to 0 at optimizer update oc.decay_steps when it is > 0).
 
   `lr` overrides oc.lr, e.g. for a second parameter group (PPO's critic).
   """
   peak = oc.lr if lr is None else lr
-  lr = optax.linear_schedule(0.0, peak, oc.warmup_steps) if oc.warmup_steps else peak
+  warmup, decay = oc.warmup_steps, oc.get("decay_steps", 0)
+  parts = ([optax.linear_schedule(0.0, peak, warmup)] if warmup else []) + (
+      [optax.linear_schedule(peak, 0.0, decay - warmup)] if decay else [])
+  if not parts:
+    lr = peak
+  else:
+    lr = parts[0] if len(parts) == 1 else optax.join_schedules(parts, [warmup])
   return optax.chain(optax.clip_by_global_norm(oc.clip_norm), optax.adam(lr, b2=oc.b2))
 
 

@@ -5,6 +5,7 @@ import tempfile
 from absl.testing import absltest
 from absl.testing import parameterized
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from agentrl import configs
@@ -56,12 +57,26 @@ class ConfigTest(parameterized.TestCase):
       ("lora_targets", lambda c: c.lora.update(rank=8, targets="q,mlp"),
        r"config\.lora: .*targets=\('q', 'mlp'\)"),
       ("lora_alpha", lambda c: c.lora.update(rank=8, alpha=0.0), r"config\.lora: .*alpha=0\.0"),
+      ("decay", lambda c: c.optim.update(warmup_steps=5, decay_steps=5),
+       r"config\.optim\.decay_steps \(5\) must exceed optim\.warmup_steps \(5\)"),
   )
   def test_cross_key_checks_name_the_keys(self, edit, pattern):
     config = _config()
     edit(config)
     with self.assertRaisesRegex(configs.ConfigError, pattern):
       recipe.validate(config, SCHEMA)
+
+  def test_optimizer_warms_up_then_decays_linearly_to_zero(self):
+    # Adam's step for a constant gradient is the learning rate (its moments are exact).
+    config = _config()
+    config.optim.update(lr=0.1, clip_norm=1e9, warmup_steps=2, decay_steps=6)
+    tx = recipe.make_optimizer(config.optim)
+    params = {"w": jnp.zeros(())}
+    state, steps = tx.init(params), []
+    for _ in range(8):
+      updates, state = tx.update({"w": jnp.ones(())}, state, params)
+      steps.append(-float(updates["w"]))
+    np.testing.assert_allclose(steps, [0, .05, .1, .075, .05, .025, 0, 0], atol=1e-6)
 
   def test_loop_options_turn_on_wandb_only_when_asked(self):
     config = _config()

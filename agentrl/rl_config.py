@@ -51,7 +51,9 @@ def rl_config(preset: str = "cpu", *, smoke: bool = False) -> mlc.ConfigDict:
   # at once (the KV cache holds slots x transcript length tokens).
   c.rollout = dict(prompts_per_step=64, group_size=8, max_new_tokens=6, max_len=16,
                    min_len=16, buckets_per_octave=1, temperature=1.0, slots=512)
-  c.optim = dict(lr=1e-3, b2=0.99, clip_norm=1.0, warmup_steps=0)
+  # decay_steps > 0: lr falls linearly to 0 at that optimizer update (total_steps x epochs x
+  # minibatches covers the run); 0 keeps it constant after the warmup.
+  c.optim = dict(lr=1e-3, b2=0.99, clip_norm=1.0, warmup_steps=0, decay_steps=0)
   # LoRA (agentrl/models/lora.py): rank 0 trains every weight; rank > 0 trains only adapters on
   # the comma-separated target projections, scaled by alpha / rank, over the frozen model.
   c.lora = dict(rank=0, alpha=16.0, targets=",".join(lora.TARGETS), dropout=0.0)
@@ -141,6 +143,7 @@ RL_SCHEMA = {
     "optim.b2": configs.Key(float, min=0.0, max=1.0),
     "optim.clip_norm": configs.Key(float, min=0.0),
     "optim.warmup_steps": configs.Key(int, min=0),
+    "optim.decay_steps": configs.Key(int, min=0),
     "lora.rank": configs.Key(int, min=0),
     "lora.alpha": configs.Key(float, min=0.0),
     "lora.targets": configs.Key(str),
@@ -171,6 +174,10 @@ def validate(config: mlc.ConfigDict, schema) -> None:
   """
   configs.validate(config, schema)
   rc = config.rollout
+  oc = config.optim
+  configs.require(not oc.decay_steps or oc.decay_steps > oc.warmup_steps,
+                  f"config.optim.decay_steps ({oc.decay_steps}) must exceed optim.warmup_steps "
+                  f"({oc.warmup_steps}), or be 0 for a constant learning rate")
   configs.divides("updates.minibatches", config.updates.minibatches,
                   "rollout.prompts_per_step * rollout.group_size",
                   rc.prompts_per_step * rc.group_size)
