@@ -293,12 +293,12 @@ def group_rollout_fn(config: mlc.ConfigDict, engine, tok, make_env, data, mesh, 
     del step
     seeds = [entry["seed"] for entry in data.take(rc.prompts_per_step)]
     return collect.env_rollout(engine, params, tok, make_env, seeds,
-                            rng=rng, group_size=rc.group_size, max_turns=tc.max_turns,
-                            max_new_tokens=rc.max_new_tokens, max_len=rc.max_len,
-                            temperature=rc.temperature, chat_template=tc.chat_template,
-                            greedy_baseline=greedy_baseline, min_len=min_len,
-                            per_octave=rc.buckets_per_octave,
-                            sharding=sharding.batch_sharding(mesh))
+                               rng=rng, group_size=rc.group_size, max_turns=tc.max_turns,
+                               max_new_tokens=rc.max_new_tokens, max_len=rc.max_len,
+                               temperature=rc.temperature, chat_template=tc.chat_template,
+                               greedy_baseline=greedy_baseline, min_len=min_len,
+                               per_octave=rc.buckets_per_octave,
+                               sharding=sharding.batch_sharding(mesh))
 
   return rollout_fn
 

@@ -145,13 +145,13 @@ def make_rollout_fn(config, engine, tok, make_env, data, mesh):
       adaptive = (rc.temperature_tau, float(rc.temperature_signed), *stats_5[1:])
     seeds = [entry["seed"] for entry in data.take(rc.prompts_per_step)]
     return collect.env_rollout(engine, params, tok, make_env, seeds, rng=rng,
-                            group_size=rc.group_size, max_turns=tc.max_turns,
-                            max_new_tokens=rc.max_new_tokens, max_len=rc.max_len,
-                            temperature=rc.temperature, chat_template=tc.chat_template,
-                            min_len=min(rc.min_len, rc.max_len),
-                            per_octave=rc.buckets_per_octave,
-                            sharding=sharding.batch_sharding(mesh),
-                            adaptive_temperature=adaptive)
+                               group_size=rc.group_size, max_turns=tc.max_turns,
+                               max_new_tokens=rc.max_new_tokens, max_len=rc.max_len,
+                               temperature=rc.temperature, chat_template=tc.chat_template,
+                               min_len=min(rc.min_len, rc.max_len),
+                               per_octave=rc.buckets_per_octave,
+                               sharding=sharding.batch_sharding(mesh),
+                               adaptive_temperature=adaptive)
 
   return rollout_fn
 

@@ -179,10 +179,10 @@ def rollout_fn_with_slots(config, engine, tok, make_env, data, mesh):
     del step
     seeds = [entry["seed"] for entry in data.take(rc.prompts_per_step)]
     out = collect.env_rollout(engine, params, tok, make_env, seeds, rng=rng,
-                           group_size=rc.group_size, max_turns=tc.max_turns,
-                           max_new_tokens=rc.max_new_tokens, max_len=rc.max_len,
-                           temperature=rc.temperature, chat_template=tc.chat_template,
-                           min_len=rc.max_len, sharding=rows)
+                              group_size=rc.group_size, max_turns=tc.max_turns,
+                              max_new_tokens=rc.max_new_tokens, max_len=rc.max_len,
+                              temperature=rc.temperature, chat_template=tc.chat_template,
+                              min_len=rc.max_len, sharding=rows)
     slot_B = np.repeat([s if 0 <= s < config.mssr.num_slots else -1 for s in seeds],
                        rc.group_size).astype(np.int32)
     fields = {f.name: getattr(out.batch, f.name) for f in dataclasses.fields(types.Batch)}

@@ -46,7 +46,7 @@ def survey(name: str, config, tok, graphdef, params, engine) -> dict:
   sampled, _ = engine.run(params, tok, [make_env() for _ in group_seeds], group_seeds,
                           rng=jax.random.key(1), temperature=rc.temperature, **kw)
   won_PG = np.asarray([collect.trajectory_success(t) for t in sampled],
-                      np.float32).reshape(-1, _GROUP.value)
+                         np.float32).reshape(-1, _GROUP.value)
   return {"greedy": np.mean([collect.trajectory_success(t) for t in greedy]),
           "sampled": won_PG.mean(), "mixed": np.mean((won_PG.min(1) < won_PG.max(1))),
           "tokens": np.mean([float(t.loss_mask.sum()) for t in sampled]),
