@@ -60,7 +60,9 @@ def get_config(arg: str | None = None) -> mlc.ConfigDict:
   c = recipe.rl_config(arg.preset, smoke=arg.smoke)
   # The teacher: a finished run of any RL experiment (its config.json and ckpt/), on the
   # student's tokenizer; step "latest", "warm_start" or a saved step number.
-  c.teacher = dict(run_dir="" if arg.smoke else "runs/grpo", step="latest")
+  # Defaults: the GRPO run of the same preset in its default workdir; smoke and pod name it.
+  teacher = {"cpu": "runs/grpo", "smollm2": "runs/grpo_smollm2"}.get(arg.preset, "")
+  c.teacher = dict(run_dir="" if arg.smoke else teacher, step="latest")
   c.loss = dict(form="ppo", lam=1.0, eps_low=0.2, eps_high=0.2, agg="token-mean",
                 outcome_coef=0.0, gate="none", gate_tau=1.0)
   return c
