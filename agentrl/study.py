@@ -107,3 +107,12 @@ def normalized_auc(steps: Sequence[float], values: Sequence[float]) -> float:
   if x.size < 2 or x[-1] == x[0]:
     return float(y.mean()) if y.size else float("nan")
   return float(np.sum((y[1:] + y[:-1]) * np.diff(x)) / 2 / (x[-1] - x[0]))
+
+
+def write_results(out: str, script: str, text: str, png: str, start: float) -> None:
+  """Writes <out>/results.txt (the command, the table, the curves) and prints the table."""
+  command = f"python scripts/{script} " + " ".join(sys.argv[1:])
+  with open(os.path.join(out, "results.txt"), "w") as f:
+    f.write(f"`{command}`\n\n{text}\n\n![curves]({os.path.basename(png)})\n")
+  print(f"\n{text}\n\n{png}\nstudy wall time {time.perf_counter() - start:.0f}s "
+        "(runs already finished are not re-run)")

@@ -24,7 +24,6 @@ finished runs are skipped, killed ones resume. Writes <out>/<method>_seed<s>/,
 step, mean over seeds, +- one standard deviation shaded).
 """
 import os
-import sys
 import time
 
 from absl import app, flags
@@ -126,11 +125,7 @@ def main(argv):
   text = table(runs)
   png = os.path.join(_OUT.value, "credit_study.png")
   plot(runs, png)
-  command = "python scripts/credit_study.py " + " ".join(sys.argv[1:])
-  with open(os.path.join(_OUT.value, "results.txt"), "w") as f:
-    f.write(f"`{command}`\n\n{text}\n\n![curves]({os.path.basename(png)})\n")
-  print(f"\n{text}\n\n{png}\nstudy wall time {time.perf_counter() - start:.0f}s "
-        "(runs already finished are not re-run)")
+  study.write_results(_OUT.value, "credit_study.py", text, png, start)
 
 
 if __name__ == "__main__":

@@ -21,7 +21,6 @@ run's artifacts), <out>/results.txt (the table and the command) and <out>/effici
 mean over seeds, +- one standard deviation shaded).
 """
 import os
-import sys
 import time
 
 from absl import app, flags
@@ -142,11 +141,7 @@ def main(argv):
   text = table(runs)
   png = os.path.join(_OUT.value, "efficiency_study.png")
   plot(runs, png)
-  command = "python scripts/efficiency_study.py " + " ".join(sys.argv[1:])
-  with open(os.path.join(_OUT.value, "results.txt"), "w") as f:
-    f.write(f"`{command}`\n\n{text}\n\n![curves]({os.path.basename(png)})\n")
-  print(f"\n{text}\n\n{png}\nstudy wall time {time.perf_counter() - start:.0f}s "
-        "(runs already finished are not re-run)")
+  study.write_results(_OUT.value, "efficiency_study.py", text, png, start)
 
 
 if __name__ == "__main__":

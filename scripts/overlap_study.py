@@ -15,7 +15,6 @@ within the shortest run's RL time. Resumable like the other studies. Writes <out
 against RL wall time).
 """
 import os
-import sys
 import time
 
 from absl import app, flags
@@ -114,11 +113,7 @@ def main(argv):
   text = table(runs)
   png = os.path.join(_OUT.value, "overlap_study.png")
   plot(runs, png)
-  command = "python scripts/overlap_study.py " + " ".join(sys.argv[1:])
-  with open(os.path.join(_OUT.value, "results.txt"), "w") as f:
-    f.write(f"`{command}`\n\n{text}\n\n![curves]({os.path.basename(png)})\n")
-  print(f"\n{text}\n\n{png}\nstudy wall time {time.perf_counter() - start:.0f}s "
-        "(runs already finished are not re-run)")
+  study.write_results(_OUT.value, "overlap_study.py", text, png, start)
 
 
 if __name__ == "__main__":

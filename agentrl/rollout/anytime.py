@@ -32,7 +32,7 @@ import jax
 import numpy as np
 
 from agentrl.rollout import agent_loop
-from agentrl.rollout import engine as engine_lib
+from agentrl.rollout import continuations
 
 
 @dataclasses.dataclass
@@ -89,7 +89,7 @@ def run(engine, params, tok, make_env: Callable[[], Any], seeds: Sequence[Any], 
     for b in budgets:
       contexts += [cut_context(prompt, sampled, b, think_end_id=think_end_id)] * num_summaries
       on_eos += [len(sampled[:b]) > 0 and int(sampled[:b][-1]) == tok.eos_id] * num_summaries
-  summaries, summary_metrics = engine_lib.sample_continuations(
+  summaries, summary_metrics = continuations.sample_continuations(
       engine, params, tok, contexts, rng=summary_rng, max_new_tokens=summary_tokens,
       temperature=temperature)
   per_row = len(budgets) * num_summaries

@@ -7,7 +7,7 @@ import numpy as np
 from agentrl.envs import arithmetic
 from agentrl.envs import verbose_arithmetic as verbose
 from agentrl.rollout import agent_loop
-from agentrl.rollout import engine as engine_lib
+from agentrl.rollout import continuations
 from agentrl.rollout import anytime
 
 END = 9  # think-end id in the unit cases
@@ -124,12 +124,12 @@ class RunTest(absltest.TestCase):
     tok = verbose.build_tokenizer(3)
     contexts = [[tok.bos_id, 4, 4], [tok.bos_id, 9]]
     engine = ScriptedEngine(lambda context: [len(context) + 5, tok.eos_id])
-    trajs, _ = engine_lib.sample_continuations(engine, None, tok, contexts, rng=jax.random.key(0),
-                                            max_new_tokens=4)
+    trajs, _ = continuations.sample_continuations(engine, None, tok, contexts,
+                                                  rng=jax.random.key(0), max_new_tokens=4)
     self.assertEqual([list(t.tokens) for t in trajs],
                      [[tok.bos_id, 4, 4, 8, tok.eos_id], [tok.bos_id, 9, 7, tok.eos_id]])
-    self.assertEqual(engine_lib.sample_continuations(engine, None, tok, [], rng=jax.random.key(0),
-                                                  max_new_tokens=4), ([], {}))
+    self.assertEqual(continuations.sample_continuations(
+        engine, None, tok, [], rng=jax.random.key(0), max_new_tokens=4), ([], {}))
 
 
 if __name__ == "__main__":

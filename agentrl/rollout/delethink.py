@@ -34,7 +34,7 @@ import numpy as np
 
 from agentrl.envs import safe
 from agentrl.rollout import agent_loop
-from agentrl.rollout import engine as engine_lib
+from agentrl.rollout import continuations
 
 # pylint: disable=protected-access
 
@@ -127,7 +127,7 @@ def run(engine, params, tok, envs: Sequence[Any], seeds: Sequence[Any], *, rng: 
       break
     contexts = [prompts[i] + carries[i] for i in live]
     budget = chunk_size if k == 0 else budget_later
-    trajs, metrics = engine_lib.sample_continuations(
+    trajs, metrics = continuations.sample_continuations(
         engine, params, tok, contexts, rng=_chunk_key(rng, k), max_new_tokens=budget,
         greedy=[flags[i] for i in live], **sample_kwargs)
     for key in totals:
