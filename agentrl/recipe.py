@@ -170,19 +170,22 @@ def reference_params(params):
 
 
 def warm_start(config: mlc.ConfigDict, workdir: str, mesh, graphdef, params, tok, *,
-               engine: engine_lib.Engine | None = None) -> tuple[nnx.State, dict]:
+               engine: engine_lib.Engine | None = None,
+               data: sft.Data | None = None) -> tuple[nnx.State, dict]:
   """SFT (config.sft) for a scratch model; cached in <workdir>/warm_start for resumed runs.
 
   reversed_addition trains on gold answers; hidden_rule and verbose_addition on their env's
   demonstrations (`sft.demonstration_data`; hidden_rule's noise is sft.demo_noise; verbose
   answers carry random filler), with validation success measured by
-  greedy rollouts of `engine` (built here if None). Pretrained models (model.init gguf/hf)
-  are returned as they are, with info {}.
+  greedy rollouts of `engine` (built here if None); `data` replaces the task's own SFT data
+  (an experiment's demonstrations, e.g. experiments/ttexplore.py's thinker turns).
+  Pretrained models (model.init gguf/hf) are returned as they are, with info {}.
   """
   if config.model.init != "scratch":
     return params, {}
   if lora.has_adapters(params):  # SFT trains the base; the fresh adapters go on top of it
-    base, info = warm_start(config, workdir, mesh, *lora.detach(graphdef, params), tok)
+    base, info = warm_start(config, workdir, mesh, *lora.detach(graphdef, params), tok,
+                            data=data)
     return lora.with_base(params, base), info
   ckpt = checkpoint.Checkpointer(os.path.join(workdir, "warm_start"), save_every=1, keep=1,
                                  async_save=False)
@@ -196,7 +199,9 @@ def warm_start(config: mlc.ConfigDict, workdir: str, mesh, graphdef, params, tok
   print(f"SFT warm start: up to {sc.steps_max} steps (sft.steps_max), until validation greedy "
         f"success on {sc.eval_problems} problems reaches {sc.target_success:.0%} "
         "(sft.target_success)", flush=True)
-  if config.task.name in ("hidden_rule", "verbose_addition"):
+  if data is not None:
+    data = {"data": data}
+  elif config.task.name in ("hidden_rule", "verbose_addition"):
     data = {"data": _demonstrations(config, engine or rollout_engine(config, graphdef, tok),
                                     tok)}
   else:

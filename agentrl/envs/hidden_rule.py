@@ -42,6 +42,7 @@ from agentrl.envs import base
 from agentrl.rewards import extract
 
 FAMILIES = ("transform", "guess", "cipher", "category")
+BELIEF_FAMILIES = ("guess",)    # families whose episodes state a belief (HiddenRuleEnv.belief)
 STYLES = ("full", "compact")
 SYSTEM_PROMPT = (
     "You are playing a game with a hidden rule. Explore with the commands described in the "
@@ -59,6 +60,9 @@ class _Game:
   # (rng, noise, max_turns) -> the scripted expert's actions (see the module docstring).
   expert: Callable[[random.Random, float, int], list[str]]
   ends_on_answer: bool = True           # False for `guess`, whose verb is also the answer
+  # () -> what an ideal player infers from the feedback so far (the thinker's target,
+  # envs/thinker.py); None for families without one.
+  belief: Callable[[], str] | None = None
 
 
 def _explore_then_answer(script: list[str], answer: str,
@@ -105,13 +109,22 @@ def _transform(rng: random.Random, compact: bool) -> _Game:
 
 def _guess(rng: random.Random, compact: bool) -> _Game:
   secret = rng.randint(1, 100)
+  known = {"lo": 1, "hi": 100}   # the range the feedback so far leaves open
 
   def explore(arg):
     x = _int_arg(arg, 1, 100)
     if x == secret:
       return ("correct" if compact else f"{x} is correct!"), True
     way = "higher" if secret > x else "lower"
+    if way == "higher":
+      known["lo"] = max(known["lo"], x + 1)
+    else:
+      known["hi"] = min(known["hi"], x - 1)
     return (way if compact else f"{x} is wrong: the secret number is {way}."), False
+
+  def belief():
+    lo, hi = known["lo"], known["hi"]
+    return f"{lo}-{hi}" if compact else f"The secret number is between {lo} and {hi}."
 
   def expert(rng: random.Random, noise: float, max_turns: int) -> list[str]:
     actions, lo, hi = [], 1, 100
@@ -126,7 +139,8 @@ def _guess(rng: random.Random, compact: bool) -> _Game:
   intro = ("number 1-100? guess X: higher/lower" if compact else
            "I am thinking of an integer between 1 and 100. Find it.\n"
            "Command: 'guess X'; I will answer 'higher', 'lower' or 'correct'.")
-  return _Game(intro, "guess", explore, str(secret), expert, ends_on_answer=False)
+  return _Game(intro, "guess", explore, str(secret), expert, ends_on_answer=False,
+               belief=belief)
 
 
 def _cipher(rng: random.Random, compact: bool) -> _Game:
@@ -269,6 +283,17 @@ class HiddenRuleEnv:
     if self._game is None:
       raise RuntimeError("HiddenRuleEnv.answer needs reset(seed) first.")
     return self._game.answer
+
+  @property
+  def belief(self) -> str:
+    """What an ideal player infers from this episode's feedback so far ("38-50" in the compact
+    `guess` game: the range still open); the thinker's demonstrated thought (envs/thinker.py).
+    Only the families in BELIEF_FAMILIES have one."""
+    if self._game is None:
+      raise RuntimeError("HiddenRuleEnv.belief needs reset(seed) first.")
+    if self._game.belief is None:
+      raise ValueError("this episode's family has no stated belief; use family='guess'.")
+    return self._game.belief()
 
   @property
   def gold_action(self) -> str:
