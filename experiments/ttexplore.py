@@ -14,16 +14,22 @@ observation asks for a thought: the *thinker* reads the history and writes what 
 the *actor* acts on (agentrl/envs/thinker.py). Training follows the paper's pipeline:
 
   - the thinker's reward is the episode's task-level score (the game's outcome), with no
-    judging of the thought itself: A_i = GRPO's group z-score of the outcome;
-  - each trajectory keeps a single thinking node, one thought drawn uniformly among its
-    thoughts (`thinker.keep_one_thought`), so one reward is not spread over many thoughts;
+    judging of the thought itself;
+  - each trajectory keeps a single thinking node, so one reward is not spread over many
+    thoughts: a group keeps the thoughts written at one model turn drawn among those where
+    two or more of its rows thought, and A_i is the outcome's z-score among those rows
+    (`loss.baseline="turn"`, `thinker.shared_thought_turn`; "group": each row's own drawn
+    thought and GRPO over the group) [INF: the paper does not say which node is kept];
   - only that thought's tokens carry loss (PPO clipped surrogate); the actor's commands, the
     observations and the other thoughts get none [INF: the paper trains a separate thinker].
 
 Thinker and actor are the same weights in two roles (the thought is one model turn of the
 episode, decoded with the same KV cache). The paper's thinker is a separate model next to a
 frozen actor; that needs a second model in the rollout, which this file does not build: here
-the actor's behaviour changes only through the weights it shares with the thinker.
+the actor's behaviour changes only through the weights it shares with the thinker, and
+`loss.actor_kl` x KL(pi || pi_ref) on the actor's own tokens holds it near its warm start
+[INF] (0 removes the anchor; without it, the thinker's updates pushed the tiny actor out of the
+game's command format within ten steps: invalid commands tripled).
 
 A scratch model is warm-started by SFT on the expert's games, `thinker.sft_actor_only` of them
 without thoughts (so the actor alone can be measured) and the rest with the ideal thought at
@@ -45,6 +51,7 @@ import functools
 from absl import app
 from flax import nnx
 import jax
+import jax.numpy as jnp
 import ml_collections as mlc
 import numpy as np
 
@@ -61,6 +68,7 @@ from agentrl import types
 from agentrl.envs import hidden_rule
 from agentrl.envs import thinker
 from agentrl.losses import aggregation
+from agentrl.losses import kl
 from agentrl.losses import policy as pg
 from agentrl.models import policy as policy_lib
 from agentrl.rollout import agent_loop
@@ -82,13 +90,22 @@ def get_config(arg: str | None = None) -> mlc.ConfigDict:
   # SFT demonstrations without thoughts.
   c.thinker = dict(schedule="every", first=1, sft_actor_only=0.5)
   c.sft.update(target_success=0.3, demo_noise=0.0, eval_every=10, eval_problems=200)
-  c.rollout.update(prompts_per_step=32, group_size=8, max_new_tokens=8, max_len=128)
+  c.rollout.update(prompts_per_step=32, group_size=8, max_new_tokens=8, max_len=160)
   if arg.preset == "cpu" and not arg.smoke:
-    c.total_steps = 150
+    # As the agent main job (temperature 0.7, warmup), at a third of its learning rate: the
+    # thoughts are a few tokens per episode and their distribution moved fast at 3e-4.
+    c.total_steps = 100
     c.rollout.temperature = 0.7
-    c.optim.update(lr=3e-4, warmup_steps=10)
+    c.optim.update(lr=1e-4, warmup_steps=10)
   # agg: seq-mean-token-mean weighs every kept thought equally, whatever its length.
-  c.loss = dict(eps_low=0.2, eps_high=0.2, agg="seq-mean-token-mean", norm_by_std=True)
+  # actor_kl: the coefficient of KL(pi || pi_ref) (k3, token-mean) on the actor's own sampled
+  # tokens, which carry no policy-gradient loss: with shared weights it holds the actor near its
+  # warm start while the thinker role trains (0: no anchor) [INF].
+  # baseline: "turn" (each group keeps the thoughts written at one shared model turn and
+  # z-scores the outcomes of the rows that wrote one there: thinker.shared_thought_turn) or
+  # "group" (each row keeps its own drawn thought; GRPO over the whole group) [INF].
+  c.loss = dict(eps_low=0.2, eps_high=0.2, agg="seq-mean-token-mean", baseline="turn",
+                actor_kl=0.1)
   c.eval.update(num_problems=300, every=25)
   if arg.preset == "smollm2":  # SmolLM2-135M-Instruct, a few CPU steps.
     c.task.update(max_turns=5, style="full", chat_template=True)
@@ -124,7 +141,8 @@ SCHEMA = {
     "loss.eps_low": configs.Key(float, min=0.0, max=1.0),
     "loss.eps_high": configs.Key(float, min=0.0),
     "loss.agg": configs.Key(str, choices=tuple(m for m in aggregation.MODES if m != "seq-mean")),
-    "loss.norm_by_std": configs.Key(bool),
+    "loss.baseline": configs.Key(str, choices=("turn", "group")),
+    "loss.actor_kl": configs.Key(float, min=0.0),
 }
 
 
@@ -137,10 +155,12 @@ def make_update_step(config, graphdef, tx):
 
 
 def make_loss_fn(config, graphdef):
-  """loss_fn(params, batch) -> (loss, metrics): the PPO clipped surrogate.
+  """loss_fn(params, batch) -> (loss, metrics): the PPO clipped surrogate on the thinker's
+  kept thought + loss.actor_kl x KL(pi || pi_ref) on the actor's tokens.
 
   The batch's loss mask is 1 on the kept thought's tokens only (the rollout sets it), so the
-  loss trains the thinker role and nothing else.
+  policy gradient trains the thinker role and nothing else; the actor's sampled tokens
+  (`batch.aux["actor_mask_BT"]`) only anchor the shared weights to the warm start there.
   """
   lc, impl, temperature = config.loss, config.model.logprob_impl, config.rollout.temperature
 
@@ -150,16 +170,48 @@ def make_loss_fn(config, graphdef):
                                         batch.input_mask_BT, temperature=temperature, impl=impl)
     pg_BT, metrics = pg.ppo_clip(logp_BT, batch.old_logp_BT, batch.adv_BT, batch.loss_mask_BT,
                                  eps_low=lc.eps_low, eps_high=lc.eps_high)
-    loss = aggregation.aggregate(pg_BT, batch.loss_mask_BT, lc.agg)
-    return loss, metrics | {"loss": loss}
+    actor_mask_BT = batch.aux["actor_mask_BT"]
+    actor_kl = aggregation.aggregate(kl.kl_penalty(logp_BT, batch.ref_logp_BT, "k3"),
+                                     actor_mask_BT, "token-mean")
+    loss = aggregation.aggregate(pg_BT, batch.loss_mask_BT, lc.agg) + lc.actor_kl * actor_kl
+    return loss, metrics | {"loss": loss, "actor_kl": actor_kl}
 
   return loss_fn
 
 
 def make_advantage_fn(config):
-  """(batch, extras) -> (batch with adv_BT, metrics): the episode outcome's group z-score on
-  the kept thought's tokens (the task-level score is the thinker's reward)."""
-  return advantages.grpo_step(config.rollout.group_size, norm_by_std=config.loss.norm_by_std)
+  """(batch, extras) -> (batch with adv_BT and aux, metrics): the episode outcome (the
+  task-level score is the thinker's reward) z-scored among the group's rows that kept a thought
+  at the same turn (loss.baseline="turn": `advantages.turn_group` over extras["kept_turn_B"])
+  or over the whole group ("group": GRPO), on the kept thought's tokens; the actor's token
+  mask (extras) goes to the loss in batch.aux."""
+  G, U = config.rollout.group_size, make_thinker_env(config)().max_turns
+  grpo = advantages.grpo_step(G)
+
+  def turn_baseline(batch: types.Batch, extras):
+    mask_BU = (extras["kept_turn_B"][:, None] == jnp.arange(U)[None, :]).astype(jnp.float32)
+    reward_BU = batch.reward_B[:, None] * mask_BU
+    adv_BT = advantages.broadcast_turn_to_tokens(
+        advantages.turn_group(reward_BU, mask_BU, group_size=G), batch.turn_BT,
+        batch.loss_mask_BT)
+    # A row has signal when the rows compared with it (same group, same kept turn) differ.
+    valid_PGU = (mask_BU > 0).reshape(-1, G, U)
+    r_PGU = reward_BU.reshape(valid_PGU.shape)
+    spread_P1U = (jnp.where(valid_PGU, r_PGU, -jnp.inf).max(1, keepdims=True) >
+                  jnp.where(valid_PGU, r_PGU, jnp.inf).min(1, keepdims=True))
+    live_B = (valid_PGU & spread_P1U).any(-1).reshape(-1)
+    return batch.replace(adv_BT=adv_BT), {
+        "adv_abs_mean": advantages.adv_abs_mean(adv_BT, batch.loss_mask_BT),
+        "groups_with_signal": live_B.astype(jnp.float32).mean()}
+
+  def advantage_fn(batch: types.Batch, extras):
+    if config.loss.baseline == "turn":
+      batch, metrics = turn_baseline(batch, extras)
+    else:
+      batch, metrics = grpo(batch, extras)
+    return batch.replace(aux={"actor_mask_BT": extras["actor_mask_BT"]}), metrics
+
+  return advantage_fn
 
 
 # ---------------------------------------------------------------------------------------------
@@ -203,6 +255,26 @@ def thought_metrics(trajs) -> dict[str, float]:
           "thought_acc": float(np.mean(flags)) if flags else 0.0}
 
 
+def keep_thoughts(trajs, rng: np.random.Generator, *, group_size: int,
+                  baseline: str) -> tuple[list[np.ndarray], np.ndarray]:
+  """Sets each trajectory's loss mask to its kept thought and returns (the actor's token masks:
+  the sampled tokens of every turn that is not a thought, the kept turns [B], -1 for none).
+
+  baseline "turn": one node per group (`thinker.shared_thought_turn`), kept by the rows that
+  thought there; "group": each row's own uniformly drawn thought (`thinker.keep_one_thought`).
+  """
+  actor_masks, kept = [], []
+  for start in range(0, len(trajs), group_size):
+    group = trajs[start:start + group_size]
+    at = (thinker.shared_thought_turn([t.infos for t in group], rng)
+          if baseline == "turn" else None)
+    for t in group:
+      actor_masks.append(t.loss_mask * ~np.isin(t.turn, thinker.thought_turns(t.infos)))
+      t.loss_mask, turn = thinker.keep_one_thought(t.turn, t.loss_mask, t.infos, rng, at=at)
+      kept.append(turn)
+  return actor_masks, np.asarray(kept, np.int32)
+
+
 def make_rollout_fn(config, engine, tok, make_env, data, mesh):
   """G episodes per secret with thoughts; each keeps one thought's tokens as its loss mask."""
   rc, tc = config.rollout, config.task
@@ -216,16 +288,21 @@ def make_rollout_fn(config, engine, tok, make_env, data, mesh):
         temperature=rc.temperature, chat_template=tc.chat_template)
     trajs = groups.trajectories
     metrics = {**groups.metrics, **collect.rollout_metrics(trajs), **thought_metrics(trajs)}
-    # The step's own stream (not the rng of the sampling), so a resumed run keeps the same
-    # thoughts.
-    keep_rng = np.random.default_rng([config.seed, step])
-    for t in trajs:
-      t.loss_mask, _ = thinker.keep_one_thought(t.turn, t.loss_mask, t.infos, keep_rng)
+    # The kept thoughts are drawn from the step's own stream (not the sampling's rng), so a
+    # resumed run keeps the same ones.
+    actor_masks, kept_B = keep_thoughts(trajs, np.random.default_rng([config.seed, step]),
+                                        group_size=rc.group_size, baseline=config.loss.baseline)
+    rows = sharding.batch_sharding(mesh)
     batch = pack.pack(trajs, max_len=rc.max_len, pad_id=tok.pad_id,
                       min_len=min(rc.min_len, rc.max_len), per_octave=rc.buckets_per_octave,
-                      sharding=sharding.batch_sharding(mesh))
+                      sharding=rows)
+    actor_mask_BT = np.zeros(batch.loss_mask_BT.shape, np.float32)
+    for b, mask in enumerate(actor_masks):
+      actor_mask_BT[b, :len(mask)] = mask[:actor_mask_BT.shape[1]]
     metrics |= collect.batch_metrics(trajs, batch)
     return loop.Rollout(batch=batch, metrics=metrics,
+                        extras=jax.device_put({"actor_mask_BT": actor_mask_BT,
+                                               "kept_turn_B": kept_B}, rows),
                         lengths_B=collect.row_lengths(trajs, batch))
 
   return rollout_fn

@@ -16,12 +16,14 @@ style of the number-guessing game:
 the range the feedback leaves open) at every think cue, the supervised warm start's data.
 `thought_turns` finds a trajectory's thoughts and `keep_one_thought` keeps one of them as the
 trajectory's only training sample (TTExplore trains the thinker on one thinking node per
-trajectory, so one task-level reward is not spread over many thoughts).
+trajectory, so one task-level reward is not spread over many thoughts); `shared_thought_turn`
+picks one node for a whole group, so its members' thoughts are compared at the same point.
 
 Step infos carry `thought` (bool) and, on thoughts, `thought_correct` (the thought states the
 ideal belief); a thought step's reward is 0 and its `success` False, so a trajectory's reward and
 success are the game's.
 """
+import collections
 import random
 from typing import Sequence
 
@@ -144,16 +146,31 @@ def thought_turns(infos: Sequence[dict]) -> list[int]:
 
 
 def keep_one_thought(turn_T: np.ndarray, loss_mask_T: np.ndarray, infos: Sequence[dict],
-                     rng: np.random.Generator) -> tuple[np.ndarray, int]:
+                     rng: np.random.Generator, *, at: int | None = None) -> tuple[np.ndarray, int]:
   """(loss mask on one thought's tokens only, that thought's turn or -1).
 
-  One thought turn is drawn uniformly (`rng`) among the trajectory's thoughts; its sampled
-  tokens keep their loss-mask values, every other token (the prompt, the observations, the
-  actor's commands, the other thoughts) gets 0. A trajectory without a thought gets an
-  all-zero mask (it still counts in its group's outcome baseline).
+  The kept thought is model turn `at` when given (none if turn `at` is not a thought of this
+  trajectory, or at = -1), else one drawn uniformly (`rng`) among the trajectory's thoughts.
+  Its sampled tokens keep their loss-mask values; every other token (the prompt, the
+  observations, the actor's commands, the other thoughts) gets 0. Without a kept thought the
+  mask is all zero.
   """
   thoughts = thought_turns(infos)
-  if not thoughts:
+  if at is None:
+    at = int(thoughts[rng.integers(len(thoughts))]) if thoughts else -1
+  if at not in thoughts:
     return np.zeros_like(loss_mask_T), -1
-  kept = int(thoughts[rng.integers(len(thoughts))])
-  return np.where(turn_T == kept, loss_mask_T, 0).astype(loss_mask_T.dtype), kept
+  return np.where(turn_T == at, loss_mask_T, 0).astype(loss_mask_T.dtype), at
+
+
+def shared_thought_turn(group_infos: Sequence[Sequence[dict]], rng: np.random.Generator) -> int:
+  """A model turn drawn uniformly among those at which at least two of a group's trajectories
+  wrote a thought (-1 if there is none): the one thinking node its members are compared at.
+
+  Comparing thoughts written at the same point removes a bias of drawing each trajectory's
+  node on its own: late thoughts exist only in long episodes, which are mostly failures, so
+  they would be pushed down for where they sit, not for what they say.
+  """
+  counts = collections.Counter(u for infos in group_infos for u in thought_turns(infos))
+  shared = sorted(u for u, n in counts.items() if n >= 2)
+  return int(shared[rng.integers(len(shared))]) if shared else -1

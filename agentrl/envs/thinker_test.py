@@ -142,6 +142,26 @@ class KeepOneThoughtTest(absltest.TestCase):
       self.assertEqual(mask.dtype, np.float32)
     self.assertEqual(kept_turns, {1, 3})     # both thoughts get drawn
 
+  def test_keeps_the_given_turn_or_nothing(self):
+    rng = np.random.default_rng(0)
+    mask, kept = thinker.keep_one_thought(self.TURN_T, self.MASK_T, self.INFOS, rng, at=3)
+    self.assertEqual(kept, 3)
+    np.testing.assert_array_equal(mask, self.MASK_T * (self.TURN_T == 3))
+    for at in (2, -1):   # a command turn, and "no shared turn"
+      mask, kept = thinker.keep_one_thought(self.TURN_T, self.MASK_T, self.INFOS, rng, at=at)
+      self.assertEqual(kept, -1)
+      np.testing.assert_array_equal(mask, 0.0)
+
+  def test_shared_thought_turn_needs_two_rows(self):
+    a = [{"thought": False}, {"thought": True}, {"thought": False}, {"thought": True}]
+    b = [{"thought": False}, {"thought": True}]            # ended early: one thought
+    c = [{"thought": False}]                               # solved at once: none
+    draws = {thinker.shared_thought_turn([a, b, c], np.random.default_rng(s)) for s in range(20)}
+    self.assertEqual(draws, {1})                           # turn 3 has one row only
+    draws = {thinker.shared_thought_turn([a, a, b], np.random.default_rng(s)) for s in range(40)}
+    self.assertEqual(draws, {1, 3})
+    self.assertEqual(thinker.shared_thought_turn([a, c], np.random.default_rng(0)), -1)
+
   def test_without_a_thought_nothing_is_trained(self):
     infos = [{"thought": False}] * 4
     mask, kept = thinker.keep_one_thought(self.TURN_T, self.MASK_T, infos,
