@@ -190,16 +190,11 @@ def make_advantage_fn(config):
 
   def turn_baseline(batch: types.Batch, extras):
     mask_BU = (extras["kept_turn_B"][:, None] == jnp.arange(U)[None, :]).astype(jnp.float32)
-    reward_BU = batch.reward_B[:, None] * mask_BU
-    adv_BT = advantages.broadcast_turn_to_tokens(
-        advantages.turn_group(reward_BU, mask_BU, group_size=G), batch.turn_BT,
-        batch.loss_mask_BT)
-    # A row has signal when the rows compared with it (same group, same kept turn) differ.
-    valid_PGU = (mask_BU > 0).reshape(-1, G, U)
-    r_PGU = reward_BU.reshape(valid_PGU.shape)
-    spread_P1U = (jnp.where(valid_PGU, r_PGU, -jnp.inf).max(1, keepdims=True) >
-                  jnp.where(valid_PGU, r_PGU, jnp.inf).min(1, keepdims=True))
-    live_B = (valid_PGU & spread_P1U).any(-1).reshape(-1)
+    adv_BU = advantages.turn_group(batch.reward_B[:, None] * mask_BU, mask_BU, group_size=G)
+    adv_BT = advantages.broadcast_turn_to_tokens(adv_BU, batch.turn_BT, batch.loss_mask_BT)
+    # With binary outcomes a kept row's z-score is 0 exactly when the rows compared with it
+    # (same group, same kept turn) all scored alike.
+    live_B = (adv_BU != 0).any(-1)
     return batch.replace(adv_BT=adv_BT), {
         "adv_abs_mean": advantages.adv_abs_mean(adv_BT, batch.loss_mask_BT),
         "groups_with_signal": live_B.astype(jnp.float32).mean()}
