@@ -21,6 +21,7 @@ are defined in `agentrl/rl_config.py` and re-exported here.
 """
 from collections.abc import Callable
 import functools
+import json
 import os
 import random
 import time
@@ -81,8 +82,16 @@ def make_task(tc: mlc.ConfigDict) -> Callable[[], object]:
   if tc.name == "reversed_addition":
     make_env = functools.partial(registry.make, "arithmetic", digits=tc.digits)
   elif tc.name == "reasoning_gym":
-    reasoning_gym_env.ReasoningGymTask(tc.rg_dataset)  # names the bad dataset if there is one
-    make_env = functools.partial(registry.make, "reasoning_gym", name=tc.rg_dataset)
+    kwargs = rg_kwargs(tc)
+    try:  # names the bad dataset or generator argument, if there is one
+      reasoning_gym_env.ReasoningGymTask(tc.rg_dataset, **kwargs)
+    except (TypeError, AssertionError) as e:
+      raise configs.ConfigError(f"config.task.rg_config {tc.rg_config!r} does not fit the "
+                                f"{tc.rg_dataset!r} generator: {e}") from None
+    make_env = functools.partial(
+        registry.make, "reasoning_gym", name=tc.rg_dataset,
+        answer_mode=tc.get("answer_mode", "tag_or_last_line"),
+        system_prompt=tc.get("system_prompt", "") or None, **kwargs)
   elif tc.name == "verbose_addition":  # envs/verbose_arithmetic.py: filler the reward ignores
     make_env = functools.partial(verbose_arithmetic.VerboseArithmeticEnv, digits=tc.digits)
   elif tc.name == "hidden_rule":
@@ -92,6 +101,20 @@ def make_task(tc: mlc.ConfigDict) -> Callable[[], object]:
     raise configs.ConfigError(f"config.task.name must be one of {TASKS}, got {tc.name!r}")
   make_env()
   return make_env
+
+
+def rg_kwargs(tc: mlc.ConfigDict) -> dict:
+  """The reasoning-gym generator arguments in config.task.rg_config (a JSON object, or "")."""
+  text = tc.get("rg_config", "")
+  try:
+    kwargs = json.loads(text) if text.strip() else {}
+  except json.JSONDecodeError as e:
+    raise configs.ConfigError(f"config.task.rg_config must be a JSON object such as "
+                              f"'{{\"max_digits\": 2}}'; got {text!r} ({e})") from None
+  if not isinstance(kwargs, dict):
+    raise configs.ConfigError(f"config.task.rg_config must be a JSON object of generator "
+                              f"arguments, got {text!r}")
+  return kwargs
 
 
 def model_config(mc: mlc.ConfigDict, vocab: int) -> transformer.Config:

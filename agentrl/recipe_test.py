@@ -1,4 +1,5 @@
 """Tests for agentrl.recipe: presets, validation, task and policy construction, evaluation."""
+import re
 import shutil
 import tempfile
 
@@ -102,6 +103,27 @@ class TaskAndPolicyTest(absltest.TestCase):
     task.update(name="chess")
     with self.assertRaisesRegex(configs.ConfigError, r"config\.task\.name must be one of"):
       recipe.make_task(task)
+
+  def test_reasoning_gym_task_takes_generator_arguments_mode_and_system_prompt(self):
+    task = _config().task
+    task.update(name="reasoning_gym", rg_dataset="chain_sum", answer_mode="last_number",
+                system_prompt="Answer briefly.",
+                rg_config='{"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1}')
+    env = recipe.make_task(task)()
+    question = env.reset(5)
+    self.assertEqual(env.system_prompt, "Answer briefly.")
+    self.assertTrue(all(len(t) == 1 for t in re.findall(r"\d+", question)), question)
+    # last_number reads the answer out of a sentence; the default mode would not.
+    self.assertEqual(env.step(f"It is {env.task.entry(5)['answer']}.")[1], 1.0)
+
+  def test_bad_reasoning_gym_arguments_are_named(self):
+    for rg_config, pattern in (("{max_digits: 2}", r"config\.task\.rg_config must be a JSON"),
+                               ("[2]", r"config\.task\.rg_config must be a JSON object"),
+                               ('{"max_digitz": 2}', r"does not fit the 'chain_sum' generator")):
+      task = _config().task
+      task.update(name="reasoning_gym", rg_dataset="chain_sum", rg_config=rg_config)
+      with self.assertRaisesRegex(configs.ConfigError, pattern):
+        recipe.make_task(task)
 
   def test_scratch_policy_for_both_scratch_tasks(self):
     config = _config(smoke=True)

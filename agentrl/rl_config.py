@@ -15,6 +15,7 @@ from agentrl import overlap
 from agentrl import sharding
 from agentrl.envs import verbose_arithmetic
 from agentrl.models import lora
+from agentrl.rewards import extract
 
 PRESETS = ("cpu", "smollm2", "pod")
 TASKS = ("reversed_addition", "reasoning_gym", "hidden_rule", "verbose_addition")
@@ -35,9 +36,14 @@ def rl_config(preset: str = "cpu", *, smoke: bool = False) -> mlc.ConfigDict:
   c.seed = 0
   c.total_steps = 150
   # reversed_addition: arithmetic.make_problem(seed) ("123+456=" -> "9750"), exact match.
-  # reasoning_gym: any reasoning-gym dataset (rg_dataset), scored by its own scorer.
+  # reasoning_gym: any reasoning-gym dataset (rg_dataset), scored by its own scorer, with
+  # rg_config its generator's arguments as a JSON object ('{"max_digits": 2}'; "": defaults),
+  # answer_mode how the answer is read from the completion (agentrl.rewards.extract.MODES),
+  # system_prompt the chat system message ("": reasoning-gym's own, which asks for
+  # <answer></answer> tags).
   c.task = dict(name="reversed_addition", digits=3, rg_dataset="basic_arithmetic",
-                max_turns=1, chat_template=False)
+                rg_config="", answer_mode="tag_or_last_line", system_prompt="", max_turns=1,
+                chat_template=False)
   # init: scratch (tiny model, tokenizer built for the task), gguf/hf (weights at model.path).
   c.model = dict(init="scratch", variant="tiny", width=64, depth=2, heads=8, kv_heads=8,
                  head_dim=8, mlp=256, path="", dtype="float32", logprob_impl="xla")
@@ -110,6 +116,9 @@ RL_SCHEMA = {
                                            "verbose_addition")),
     "task.digits": configs.Key(int, min=1, max=9),
     "task.rg_dataset": configs.Key(str),
+    "task.rg_config": configs.Key(str),
+    "task.answer_mode": configs.Key(str, choices=extract.MODES),
+    "task.system_prompt": configs.Key(str),
     "task.max_turns": configs.Key(int, min=1),
     "task.chat_template": configs.Key(bool),
     "model.init": configs.Key(str, choices=("scratch", "gguf", "hf")),

