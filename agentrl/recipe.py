@@ -82,7 +82,7 @@ def make_task(tc: mlc.ConfigDict) -> Callable[[], object]:
   if tc.name == "reversed_addition":
     make_env = functools.partial(registry.make, "arithmetic", digits=tc.digits)
   elif tc.name == "reasoning_gym":
-    kwargs = rg_kwargs(tc)
+    kwargs = rg_kwargs(tc.get("rg_config", ""))
     try:  # names the bad dataset or generator argument, if there is one
       reasoning_gym_env.ReasoningGymTask(tc.rg_dataset, **kwargs)
     except (TypeError, AssertionError) as e:
@@ -103,9 +103,8 @@ def make_task(tc: mlc.ConfigDict) -> Callable[[], object]:
   return make_env
 
 
-def rg_kwargs(tc: mlc.ConfigDict) -> dict:
+def rg_kwargs(text: str) -> dict:
   """The reasoning-gym generator arguments in config.task.rg_config (a JSON object, or "")."""
-  text = tc.get("rg_config", "")
   try:
     kwargs = json.loads(text) if text.strip() else {}
   except json.JSONDecodeError as e:

@@ -23,6 +23,7 @@ from absl import flags
 import jax
 import numpy as np
 
+from agentrl import configs
 from agentrl import recipe
 from agentrl import sharding
 from agentrl.envs import registry
@@ -51,13 +52,9 @@ _SYSTEM = flags.DEFINE_string("system_prompt", "Answer with the final number.",
 def parse_task(spec: str) -> tuple[str, dict]:
   name, _, args = spec.partition(":")
   try:
-    kwargs = json.loads(args) if args.strip() else {}
-  except json.JSONDecodeError as e:
-    raise app.UsageError(f"--task={spec!r}: the arguments after ':' must be a JSON object "
-                         f"({e})") from None
-  if not isinstance(kwargs, dict):
-    raise app.UsageError(f"--task={spec!r}: the arguments after ':' must be a JSON object")
-  return name.strip(), kwargs
+    return name.strip(), recipe.rg_kwargs(args)
+  except configs.ConfigError as e:
+    raise app.UsageError(f"--task={spec!r}, the arguments after ':': {e}") from None
 
 
 def survey(name: str, kwargs: dict, config, tok, params, engine) -> dict:
