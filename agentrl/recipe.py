@@ -41,6 +41,7 @@ from agentrl.data import generators
 from agentrl.data import stream
 from agentrl.envs import arithmetic
 from agentrl.envs import hidden_rule
+from agentrl.envs import tool_use
 from agentrl.envs import reasoning_gym_env
 from agentrl.envs import verbose_arithmetic
 from agentrl.envs import registry
@@ -97,6 +98,9 @@ def make_task(tc: mlc.ConfigDict) -> Callable[[], object]:
   elif tc.name == "hidden_rule":
     make_env = functools.partial(registry.make, "hidden_rule", family=tc.family,
                                  max_turns=tc.max_turns, style=tc.get("style", "full"))
+  elif tc.name == "tool_use":  # envs/tool_use.py: family "mixed" or one of tool_use.TASKS
+    make_env = functools.partial(registry.make, "tool_use", task=tc.family,
+                                 max_turns=tc.max_turns)
   else:
     raise configs.ConfigError(f"config.task.name must be one of {TASKS}, got {tc.name!r}")
   make_env()
@@ -129,22 +133,19 @@ def task_tokenizer(tc: mlc.ConfigDict) -> tokenizer_lib.Tokenizer:
     return arithmetic.build_tokenizer(tc.digits)
   if tc.name == "verbose_addition":
     return verbose_arithmetic.build_tokenizer(tc.digits)
+  if tc.name == "tool_use":
+    # Demonstrated episodes (with wrong calls, so error replies get pieces too) and the reply
+    # to an action that is neither a call nor an answer; no byte pieces, as for compact below.
+    env = tool_use.ToolUseEnv(tc.family, max_turns=tc.max_turns)
+    lines = _episode_texts(env, range(300), bad=("?",))
+    return tokenizer_lib.train_sentencepiece(lines, 384, byte_fallback=False)
   if tc.name == "hidden_rule":
     # The texts of 200 demonstrated episodes (task, actions, replies) and of error replies,
     # so that what a rollout appends, not only the first prompt, gets compact pieces.
     style = tc.get("style", "full")
     env = hidden_rule.HiddenRuleEnv(tc.family, max_turns=tc.max_turns, style=style)
-    lines = [hidden_rule.SYSTEM_PROMPT]
-    for seed in range(200):
-      lines.append(env.reset(seed))
-      for action in env.demonstration(seed, random.Random(seed), noise=0.5):
-        obs, _, done, _ = env.step(action)
-        lines += [action, obs]
-        if done:
-          break
-      for bad in ("?", "guess ?", "query 999", "encode ?", "test 0"):
-        env.reset(seed)
-        lines.append(env.step(bad)[0])
+    lines = [hidden_rule.SYSTEM_PROMPT] + _episode_texts(
+        env, range(200), bad=("?", "guess ?", "query 999", "encode ?", "test 0"))
     if style == "compact":
       # No byte pieces: a tiny model sampling at temperature 1 would spend mass on 256 ids
       # that no game text uses (a character outside the corpus encodes as <unk>).
@@ -152,6 +153,23 @@ def task_tokenizer(tc: mlc.ConfigDict) -> tokenizer_lib.Tokenizer:
     return tokenizer_lib.train_sentencepiece(lines, 512)
   raise configs.ConfigError(f"config.model.init='scratch' has no tokenizer for task.name="
                             f"{tc.name!r}; use model.init='gguf' or 'hf'")
+
+
+def _episode_texts(env, seeds, *, bad: tuple) -> list[str]:
+  """Prompts, actions and replies of `env`'s demonstrations (noise 0.5) on `seeds`, and its
+  first reply to each action in `bad`: the corpus of a task's scratch tokenizer."""
+  lines = []
+  for seed in seeds:
+    lines.append(env.reset(seed))
+    for action in env.demonstration(seed, random.Random(seed), noise=0.5):
+      obs, _, done, _ = env.step(action)
+      lines += [action, obs]
+      if done:
+        break
+    for action in bad:
+      env.reset(seed)
+      lines.append(env.step(action)[0])
+  return lines
 
 
 def build_policy(config: mlc.ConfigDict, mesh) -> tuple[tokenizer_lib.Tokenizer,
@@ -196,8 +214,8 @@ def warm_start(config: mlc.ConfigDict, workdir: str, mesh, graphdef, params, tok
                data: sft.Data | None = None) -> tuple[nnx.State, dict]:
   """SFT (config.sft) for a scratch model; cached in <workdir>/warm_start for resumed runs.
 
-  reversed_addition trains on gold answers; hidden_rule and verbose_addition on their env's
-  demonstrations (`sft.demonstration_data`; hidden_rule's noise is sft.demo_noise; verbose
+  reversed_addition trains on gold answers; hidden_rule, tool_use and verbose_addition on their
+  env's demonstrations (`sft.demonstration_data`; hidden_rule's noise is sft.demo_noise; verbose
   answers carry random filler), with validation success measured by
   greedy rollouts of `engine` (built here if None); `data` replaces the task's own SFT data
   (an experiment's demonstrations, e.g. experiments/ttexplore.py's thinker turns).
@@ -223,7 +241,7 @@ def warm_start(config: mlc.ConfigDict, workdir: str, mesh, graphdef, params, tok
         "(sft.target_success)", flush=True)
   if data is not None:
     data = {"data": data}
-  elif config.task.name in ("hidden_rule", "verbose_addition"):
+  elif config.task.name in ("hidden_rule", "verbose_addition", "tool_use"):
     data = {"data": _demonstrations(config, engine or rollout_engine(config, graphdef, tok),
                                     tok)}
   else:

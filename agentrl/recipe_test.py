@@ -1,4 +1,5 @@
 """Tests for agentrl.recipe: presets, validation, task and policy construction, evaluation."""
+import random
 import re
 import shutil
 import tempfile
@@ -103,6 +104,20 @@ class TaskAndPolicyTest(absltest.TestCase):
     task.update(name="chess")
     with self.assertRaisesRegex(configs.ConfigError, r"config\.task\.name must be one of"):
       recipe.make_task(task)
+
+  def test_tool_use_task_and_its_scratch_tokenizer(self):
+    task = _config().task
+    task.update(name="tool_use")
+    task.family, task.max_turns = "scale", 4
+    env = recipe.make_task(task)()
+    self.assertEqual((env.task, env.max_turns), ("scale", 4))
+    tok = recipe.task_tokenizer(task)
+    env.reset(9)
+    texts = [env.reset(9)] + env.demonstration(9, random.Random(9), noise=1.0)
+    texts += [env.step(action)[0] for action in texts[1:]]
+    for text in texts:   # every demonstrated text round-trips exactly (no <unk>)
+      self.assertEqual(tok.decode(tok.encode(text)), text)
+    self.assertLess(len(tok.encode(texts[1])), len(texts[1]) // 2)
 
   def test_reasoning_gym_task_takes_generator_arguments_mode_and_system_prompt(self):
     task = _config().task

@@ -18,7 +18,7 @@ from agentrl.models import lora
 from agentrl.rewards import extract
 
 PRESETS = ("cpu", "smollm2", "pod")
-TASKS = ("reversed_addition", "reasoning_gym", "hidden_rule", "verbose_addition")
+TASKS = ("reversed_addition", "reasoning_gym", "hidden_rule", "verbose_addition", "tool_use")
 
 
 

@@ -322,6 +322,11 @@ def parse_call(text: str) -> dict:
   return {"name": name, "arguments": args}
 
 
+def format_call(call: dict) -> str:
+  """A call as the model writes it: <tool_call>{"name": ..., "arguments": {...}}</tool_call>."""
+  return f"<tool_call>{json.dumps(call)}</tool_call>"
+
+
 def same_answer(given: str, gold: str) -> bool:
   """Exact match: as numbers when the gold is one ("41,200" == "41200"), else ignoring case."""
   want = verifiers.parse_number(gold)
@@ -355,6 +360,24 @@ class ToolUseEnv:
     if self._task is None:
       raise RuntimeError("ToolUseEnv.gold_calls needs reset(seed) first.")
     return copy.deepcopy(list(self._task.gold_calls))
+
+  def demonstration(self, seed: int, rng: random.Random, *, noise: float = 0.0) -> list[str]:
+    """The expert's actions for `seed`: each gold call, then the answer (at most max_turns).
+
+    With probability `noise` a gold call is preceded by a wrong one (its first argument replaced
+    by a random entity of the world, which the env rejects or answers unhelpfully), so the
+    demonstrations also show recovering from a bad call. Leaves the env's own episode alone.
+    """
+    if not 0.0 <= noise <= 1.0:
+      raise ValueError(f"noise must be in [0, 1], got {noise}.")
+    task, actions = make_task(seed, self.task), []
+    for call in task.gold_calls:
+      if rng.random() < noise:
+        first = next(iter(call["arguments"]))
+        actions.append(format_call({"name": call["name"], "arguments": {
+            **call["arguments"], first: rng.choice(sorted(task.facts))}}))
+      actions.append(format_call(call))
+    return (actions + [f"<answer>{task.answer}</answer>"])[:self.max_turns]
 
   @property
   def answer(self) -> str:

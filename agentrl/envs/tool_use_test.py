@@ -1,6 +1,7 @@
 """Tests for agentrl.envs.tool_use: gold traces solve every task, hostile calls are errors."""
 import collections
 import json
+import random
 import time
 
 from absl.testing import absltest
@@ -168,6 +169,25 @@ class TaskTest(parameterized.TestCase):
                                            "arguments": json.dumps(call["arguments"])}))
     self.assertEqual(obs, f'<tool_response>{{"result": "{env.answer}"}}</tool_response>')
     self.assertEqual(info["call"], call)
+
+  def test_demonstrations_solve_the_task_with_and_without_wrong_calls(self):
+    env = tool_use.ToolUseEnv(max_turns=7)   # 3 gold calls, 3 wrong ones and the answer
+    wrong = 0
+    for seed in range(60):
+      for noise in (0.0, 1.0):
+        actions = env.demonstration(seed, random.Random(seed), noise=noise)
+        env.reset(seed)
+        self.assertLen(actions, len(env.gold_calls) * (1 + int(noise)) + 1)
+        for action in actions:
+          _, reward, done, info = env.step(action)
+          wrong += bool(info["error"]) or (info["call"] not in (None, *env.gold_calls))
+        self.assertEqual((reward, done), (1.0, True), (seed, noise))
+        self.assertEqual(actions[-1], f"<answer>{env.answer}</answer>")
+    self.assertGreater(wrong, 60)   # noise=1 showed a wrong call before every gold one
+    self.assertEqual(env.demonstration(7, random.Random(0)), env.demonstration(7, random.Random(1)))
+    self.assertLen(tool_use.ToolUseEnv(max_turns=2).demonstration(3, random.Random(3)), 2)
+    with self.assertRaisesRegex(ValueError, "noise"):
+      env.demonstration(0, random.Random(0), noise=1.5)
 
   def test_gold_calls_cannot_be_mutated_from_outside(self):
     env = tool_use.ToolUseEnv()
