@@ -34,6 +34,8 @@ everything else equal (scripts/credit_study.py compares them):
           moves the next turn, the mean log pi(turn t+1 | real) - log pi(turn t+1 | observation
           t replaced by a same-length placeholder), one teacher-forced pass per observation;
           added, gated by the group's outcome spread, to the outcome's GRPO advantage.
+  mapo    (arXiv 2509.18849, `credit.mapo`): the outcome's group z-score mixed with its percent
+          deviation (R - mean) / mean by the group's certainty p, weight 1 - 4p(1 - p).
 
 Presets: `cpu` (default) is the main job: a tiny scratch model warm-started by SFT on the
 game's scripted demonstrations (`hidden_rule.demonstration`, to `sft.target_success`), then
@@ -68,6 +70,7 @@ from agentrl import types
 from agentrl.credit import gigpo
 from agentrl.credit import igpo
 from agentrl.credit import infopo
+from agentrl.credit import mapo
 from agentrl.credit import probes
 from agentrl.credit import siop
 from agentrl.envs import hidden_rule
@@ -105,7 +108,8 @@ def get_config(arg: str | None = None) -> mlc.ConfigDict:
   # weight: agentrl.credit.gigpo; its launchers use gamma 0.95), "siop" (the group's own final
   # answers as references, no gold: agentrl.credit.siop, its defaults lambda 0.5, eta 1.0, 3
   # references), "infopo" (counterfactual-observation information + gated outcome GRPO:
-  # agentrl.credit.infopo, its defaults) or "grpo" (outcome GRPO on every turn). gamma discounts
+  # agentrl.credit.infopo, its defaults), "mapo" (certainty-mixed outcome advantage:
+  # agentrl.credit.mapo) or "grpo" (outcome GRPO on every turn). gamma discounts
   # later turns' advantages (not InfoPO's); probe_len is the room left for the gold action (SIOP:
   # each reference answer, cut to it) after the history in the probes.
   # agg: seq-mean-token-mean weighs every episode equally, so the tokens every turn shares
@@ -137,7 +141,7 @@ def get_config(arg: str | None = None) -> mlc.ConfigDict:
   return c
 
 
-CREDITS = ("a2tgpo_igpo", "igpo", "gigpo", "siop", "infopo", "grpo")
+CREDITS = ("a2tgpo_igpo", "igpo", "gigpo", "siop", "infopo", "mapo", "grpo")
 PROBED = ("a2tgpo_igpo", "igpo")   # credits that need the gold-answer probes
 SIOP_REFS = 3                      # SIOP's references per mode (its launch setting)
 SCHEMA = {
@@ -186,6 +190,7 @@ def make_advantage_fn(config):
   gigpo: the episode's group advantage + omega x the anchor-state step advantage;
   siop: SIOP's reference-likelihood turn rewards -> its group-pooled z-scores and returns;
   infopo: outcome GRPO + the gated counterfactual information of each observation;
+  mapo: MAPO's certainty-weighted mix of the outcome's z-score and percent deviation;
   grpo: the outcome's group z-score on every policy token (`advantages.grpo_step`).
   """
   G, gamma, credit = config.rollout.group_size, config.loss.gamma, config.loss.credit
@@ -198,6 +203,11 @@ def make_advantage_fn(config):
 
   def to_tokens(batch, value_BU):
     return advantages.broadcast_turn_to_tokens(value_BU, batch.turn_BT, batch.loss_mask_BT)
+
+  def mapo_fn(batch: types.Batch, extras):
+    del extras
+    adv_B = mapo.mapo(batch.reward_B, group_size=G)
+    return done(batch, advantages.broadcast_to_tokens(adv_B, batch.loss_mask_BT), {})
 
   def gigpo_fn(batch: types.Batch, extras):
     adv_BU = gigpo.gigpo(batch.reward_B, extras["step_reward_BU"], extras["anchor_id_BU"],
@@ -240,7 +250,7 @@ def make_advantage_fn(config):
         "info_mean": aggregation.masked_mean(info_BU, extras["feedback_BU"])})
 
   return {"a2tgpo_igpo": a2tgpo_fn, "igpo": igpo_fn, "gigpo": gigpo_fn, "siop": siop_fn,
-          "infopo": infopo_fn}[credit]
+          "infopo": infopo_fn, "mapo": mapo_fn}[credit]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -374,7 +384,7 @@ def train(config: mlc.ConfigDict, workdir: str) -> dict:
         advantage_fn=jax.jit(make_advantage_fn(config)), update_fn=update_step, data=data,
         evaluate=recipe.evaluator(config, engine, tok, make_env), **recipe.loop_options(config))
   name = {"a2tgpo_igpo": "A2TGPO", "igpo": "IGPO", "gigpo": "GiGPO", "siop": "SIOP",
-          "infopo": "InfoPO", "grpo": "GRPO (multi-turn)"}[config.loss.credit]
+          "infopo": "InfoPO", "mapo": "MAPO", "grpo": "GRPO (multi-turn)"}[config.loss.credit]
   return rundir.write_summary(workdir, result, name=name, start=start, sft_info=sft_info)
 
 

@@ -72,7 +72,7 @@ def get_config(arg: str | None = None) -> mlc.ConfigDict:
   c = recipe.rl_config(arg.preset, smoke=arg.smoke)
   # family: "mixed" (a task kind drawn per seed) or one of tool_use.TASKS.
   c.task = dict(name="tool_use", family="mixed", max_turns=5, chat_template=False)
-  c.sft.update(target_success=0.3, demo_noise=0.0, eval_every=25, eval_problems=100)
+  c.sft.update(target_success=0.2, demo_noise=0.0, eval_every=25, eval_problems=100)
   c.rollout.update(prompts_per_step=16, group_size=8, max_new_tokens=40, max_len=256)
   if arg.preset == "cpu" and not arg.smoke:
     c.total_steps = 100

@@ -1,7 +1,7 @@
 # pylint: disable=invalid-name
 r"""Credit-assignment study: outcome-only GRPO vs turn-level credit on the multi-turn main job.
 
-  python scripts/credit_study.py --out=runs/credit_study          # 6 methods x 3 seeds
+  python scripts/credit_study.py --out=runs/credit_study          # 7 methods x 3 seeds
   python scripts/credit_study.py --out=/tmp/cs --methods=grpo --seeds=1 --steps=4
 
 Every run is `python -m experiments.agent` with its `cpu` preset (the number-guessing hidden-rule
@@ -15,6 +15,7 @@ game, 7 turns, a tiny model warm-started by SFT on demonstrations) and one `loss
   siop         SIOP: the group's own final answers as references (no gold), their likelihood
                gain per turn, one group-pooled z-score (lambda 0.5, 3 references);
   infopo       InfoPO: outcome GRPO + the gated counterfactual-observation information.
+  mapo         MAPO: the outcome's z-score and percent deviation mixed by the group's certainty.
 
 Equal budgets: the same RL steps, prompts and samples per step (so the same env steps), the
 same held-out evaluation, and one shared SFT warm start (the first run trains it, the others get
@@ -41,7 +42,8 @@ METHODS = {"grpo": ["--config.loss.credit=grpo"],
            "igpo": ["--config.loss.credit=igpo"],
            "gigpo": ["--config.loss.credit=gigpo", "--config.loss.gamma=0.95"],
            "siop": ["--config.loss.credit=siop"],
-           "infopo": ["--config.loss.credit=infopo"]}
+           "infopo": ["--config.loss.credit=infopo"],
+           "mapo": ["--config.loss.credit=mapo"]}
 
 _OUT = flags.DEFINE_string("out", "runs/credit_study", "Directory of the runs and results.")
 _METHODS = flags.DEFINE_list("methods", list(METHODS), f"Methods, of {list(METHODS)}.")

@@ -120,7 +120,7 @@ def _extras(credit):
 
 class CreditTest(parameterized.TestCase):
 
-  @parameterized.parameters("a2tgpo_igpo", "igpo", "gigpo", "siop", "infopo", "grpo")
+  @parameterized.parameters("a2tgpo_igpo", "igpo", "gigpo", "siop", "infopo", "mapo", "grpo")
   def test_masked_tokens_and_identical_groups_get_zero(self, credit):
     fn = agent.make_advantage_fn(_config(credit))
     out, _ = fn(_batch(REWARD), _extras(credit))
@@ -129,6 +129,16 @@ class CreditTest(parameterized.TestCase):
     np.testing.assert_array_equal(adv_BT[2:], 0.0)        # the identical group
     self.assertGreater(np.abs(adv_BT[:2]).max(), 0.1)      # the other one has signal
     self.assertGreater(adv_BT[0, 5], adv_BT[1, 5])         # the solving turn is preferred
+
+  def test_mapo_mixes_z_score_and_percent_deviation_by_certainty(self):
+    # One group of 4 with 3 successes: p = 3/4, lambda = 1 - 4 p (1 - p) = 1/4; z-scores
+    # (unbiased std 1/2) [1/2 x3, -3/2], percent deviations (R - 3/4) / (3/4) [1/3 x3, -1].
+    config = _config("mapo")
+    config.rollout.group_size = 4
+    out, _ = agent.make_advantage_fn(config)(_batch([1.0, 1.0, 1.0, 0.0]), None)
+    want_B = 0.75 * np.array([0.5, 0.5, 0.5, -1.5]) + 0.25 * np.array([1 / 3, 1 / 3, 1 / 3, -1])
+    np.testing.assert_allclose(np.asarray(out.adv_BT)[:, MASK > 0],
+                               np.repeat(want_B[:, None], int(MASK.sum()), axis=1), rtol=1e-5)
 
   def test_igpo_is_the_credit_library(self):
     out, _ = agent.make_advantage_fn(_config("igpo"))(_batch(REWARD), _extras("igpo"))
