@@ -41,10 +41,10 @@ from agentrl.data import generators
 from agentrl.data import stream
 from agentrl.envs import arithmetic
 from agentrl.envs import hidden_rule
-from agentrl.envs import tool_use
 from agentrl.envs import reasoning_gym_env
 from agentrl.envs import verbose_arithmetic
 from agentrl.envs import registry
+from agentrl.envs import tool_use
 from agentrl.models import hf
 from agentrl.models import lora
 from agentrl.models import tokenizer as tokenizer_lib
