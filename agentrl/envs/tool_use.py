@@ -2,14 +2,8 @@
 
 Each `reset(seed)` draws a small fictional world (towns, towers, rivers whose facts no model
 knows) and a task that needs 1 to 3 tool calls in sequence, later calls using earlier results.
-The tools (every argument is required):
-
-  lookup(entity: string, attribute: string)    a fact: towns have population and founded,
-                                               towers height (m) and opened, rivers length (km)
-  convert_units(value: number, from_unit: string, to_unit: string)   length, mass or time
-  calculator(expression: string)               `calculator.evaluate` (parsed, never `eval`ed)
-  add_days(date: string, days: integer)        the ISO date (YYYY-MM-DD) `days` later
-  weekday(date: string)                        the weekday of an ISO date, e.g. "Tuesday"
+The tools are `TOOLS` below (lookup, convert_units, calculator, add_days, weekday; every
+argument required; `calculator` parses, never `eval`s).
 
 A call is written in the Hermes/Qwen format that MatchTIR trains with (Qu et al. 2026, arXiv
 2601.10712; quchangle1/MatchTIR Code/utils/parse_output.py `parse_qwen`):
@@ -19,25 +13,18 @@ A call is written in the Hermes/Qwen format that MatchTIR trains with (Qu et al.
 and is answered with `<tool_response>{"result": ...}</tool_response>` (plus "unit" for measures);
 `<answer>...</answer>` ends the episode.
 
-Gold traces. After reset, `env.gold_calls` (and every step's info["gold_calls"]) is the list of
-calls that solves the task, each {"name": str, "arguments": dict}, in order. It is computed by
-running the tools, so playing it and answering with the last result scores 1.0 (tested over many
-seeds). Every step's info["call"] is the call the model made that turn, parsed as `parse_qwen`
-does ({"name", "arguments"}; `arguments` may be an object or a JSON string holding one; a
-missing `arguments` is {}), even when the env then rejects it (unknown tool, bad arguments:
-MatchTIR scores such calls too), or None when the turn has no parseable call. That is what a
-trainer needs for MatchTIR's turn-level reward (tool_similarity + bipartite assignment of the
-episode's predicted calls to the gold trace, Code/verl/utils/reward_score/tool.py; MatchTIR's
-gold data names the argument dict "parameters", here "arguments").
+Gold traces: after reset, `env.gold_calls` (and each step's info["gold_calls"]) lists the calls
+that solve the task, {"name", "arguments"} in order, computed by running the tools.
+info["call"] is the turn's call parsed as `parse_qwen` does (`arguments` an object or a JSON
+string; missing: {}), also when the env rejects it, or None: MatchTIR's turn reward needs it
+(Code/verl/utils/reward_score/tool.py; its data says "parameters" for "arguments").
 
-Rewards: 1.0 for the right answer, 0.0 for a wrong one (the episode ends either way; numeric
-answers are compared as numbers, others case-insensitively), `format_penalty` (<= 0) for a turn
-with neither a call nor an answer, 0.0 for a call. One call per turn: the first
-<tool_call>...</tool_call> pair [INF] (MatchTIR runs every call of a turn); an <answer> pair
-wins over any call, as a turn with an answer is scored as the answer turn in MatchTIR's
-compute_process_KM. Only the last `extract.MAX_TEXT_CHARS` characters of an action are read;
-a call's JSON is parsed only when it is at most `MAX_CALL_CHARS` characters with at most
-`MAX_BRACKETS` brackets [INF], so no action can make parsing slow or deep.
+Rewards: 1.0 right answer, 0.0 wrong (the episode ends; numbers compare as numbers, other text
+case-insensitively), `format_penalty` (<= 0) for a turn with neither call nor answer, 0.0 for a
+call. One call per turn, the first pair [INF] (MatchTIR runs every call); an <answer> wins over
+any call, as in compute_process_KM. Only the last `extract.MAX_TEXT_CHARS` characters are read,
+and a call's JSON is parsed only within `MAX_CALL_CHARS` characters and `MAX_BRACKETS` brackets
+[INF], so no action can make parsing slow or deep.
 """
 import copy
 import dataclasses
@@ -363,11 +350,8 @@ class ToolUseEnv:
 
   def demonstration(self, seed: int, rng: random.Random, *, noise: float = 0.0) -> list[str]:
     """The expert's actions for `seed`: each gold call, then the answer (at most max_turns).
-
-    With probability `noise` a gold call is preceded by a wrong one (its first argument replaced
-    by a random entity of the world, which the env rejects or answers unhelpfully), so the
-    demonstrations also show recovering from a bad call. Leaves the env's own episode alone.
-    """
+    With probability `noise` a gold call follows a wrong one (its first argument replaced by a
+    random entity), to show recovery. Leaves the env's own episode alone."""
     if not 0.0 <= noise <= 1.0:
       raise ValueError(f"noise must be in [0, 1], got {noise}.")
     task, actions = make_task(seed, self.task), []
