@@ -97,19 +97,28 @@ def prm_loss(prm_logp_BT: jax.Array, old_logp_BT: jax.Array, loss_mask_BT: jax.A
 
 
 def oprl_advantage(outcome_B: jax.Array, step_reward_BU: jax.Array, turn_mask_BU: jax.Array, *,
-                   group_size: int, alpha: float = 1.0, eps: float = 1e-6) -> jax.Array:
+                   group_size: int, alpha: float = 1.0, step_norm: str = "group",
+                   eps: float = 1e-6) -> jax.Array:
   """Per-turn advantage [B, U]: A_episode + alpha * A_step [INF form]; 0 on absent turns.
 
   A_episode is `advantages.grpo` of the outcome; A_step z-scores `step_reward_BU` (from
-  `implicit_step_reward`) over every valid turn of the prompt's group, unbiased std, eps 1e-6.
+  `implicit_step_reward`), unbiased std, eps 1e-6, over the turns of one step group [INF]:
+  `step_norm="group"` pools every valid turn of the prompt's group; `"turn"` pools one turn
+  index of the prompt's group (GiGPO's and MatchTIR's (prompt, turn) groups), so a group of
+  identical trajectories gets exactly zero. A turn alone in its step group gets 0.
   """
   B, U = step_reward_BU.shape
   if turn_mask_BU.shape != (B, U) or outcome_B.shape != (B,):
     raise ValueError(f"oprl_advantage shapes disagree: outcome {outcome_B.shape}, step reward "
                      f"{step_reward_BU.shape}, turn mask {turn_mask_BU.shape}.")
+  if step_norm not in ("group", "turn"):
+    raise ValueError(f"step_norm={step_norm!r}: use 'group' or 'turn'.")
   episode_B = advantages.grpo(outcome_B, group_size=group_size, eps=eps)
   prompt_BU = jnp.broadcast_to((jnp.arange(B) // group_size)[:, None], (B, U))
+  segments = B // group_size
+  if step_norm == "turn":
+    prompt_BU, segments = prompt_BU * U + jnp.arange(U)[None, :], segments * U
   step_BU = gigpo.group_normalize(step_reward_BU.reshape(-1), prompt_BU.reshape(-1),
-                                  turn_mask_BU.reshape(-1), num_segments=B // group_size,
+                                  turn_mask_BU.reshape(-1), num_segments=segments,
                                   norm_by_std=True, eps=eps, single="zero").reshape(B, U)
   return jnp.where(turn_mask_BU > 0, episode_B[:, None] + alpha * step_BU, 0.0)

@@ -120,6 +120,23 @@ class OprlAdvantageTest(chex.TestCase):
                                jnp.array([[1.0], [0.0]]), group_size=2, alpha=1.0)
     np.testing.assert_allclose(lone[:, 0], [0.5 / (np.sqrt(0.5) + 1e-6), 0.0], rtol=1e-6)
 
+  def test_turn_step_norm(self):
+    # Per (prompt, turn index): turn 0 pools rows 0, 1 (0.3, -0.1), turn 1 holds row 0 alone.
+    adv = oprl.oprl_advantage(jnp.array([1.0, 0.0]), jnp.array([[0.3, 0.1], [-0.1, 5.0]]),
+                              jnp.array([[1.0, 1.0], [1.0, 0.0]]), group_size=2, alpha=0.5,
+                              step_norm="turn")
+    a = 0.5 / (np.sqrt(0.5) + 1e-6)
+    z = 0.2 / (np.sqrt(0.08) + 1e-6)
+    np.testing.assert_allclose(adv, [[a + 0.5 * z, a], [-a - 0.5 * z, 0.0]], rtol=1e-5)
+    # Identical multi-turn trajectories: every turn's step group is constant, so exactly 0.
+    step = jnp.tile(jnp.array([[0.9, -0.4, 2.0]]), (4, 1))
+    same = oprl.oprl_advantage(jnp.full((4,), 1.0), step, jnp.ones((4, 3)), group_size=4,
+                               step_norm="turn")
+    np.testing.assert_array_equal(same, 0.0)
+    with self.assertRaisesRegex(ValueError, "step_norm"):
+      oprl.oprl_advantage(jnp.zeros(2), step[:2], jnp.ones((2, 3)), group_size=2,
+                          step_norm="batch")
+
   def test_permutation(self):
     rng = np.random.default_rng(4)
     outcome = rng.integers(0, 2, size=8).astype(np.float32)

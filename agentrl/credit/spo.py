@@ -19,10 +19,14 @@ on the number of cuts; 9 MC rollouts per cut (`samples: 9`, the caller's job); a
 then whitened (unbiased, eps 1e-8) over the probability-masked tokens; the first segment, which
 has no value before it unless the very first token is a cut, gets advantage 0.
 
-`cutpoints` is host code (it decides which MC requests to send); `chain_advantages` and
+`cutpoints`, `mc_requests` (the Monte-Carlo prefix batch) and `mc_values` are host code (they
+decide which MC rollouts to sample and average their scores); `chain_advantages` and
 `probability_mask` are jax. Positions are column indices of the `[B, T]` arrays, so a cut at the
 last prompt token stands for the state "prompt only" (the official -1).
 """
+from collections.abc import Sequence
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -65,6 +69,56 @@ def cutpoints(logp_BT: np.ndarray, loss_mask_BT: np.ndarray, *, prob_threshold: 
     cut_BK[b, :len(r)] = r
     valid_BK[b, :len(r)] = True
   return cut_BK, valid_BK
+
+
+@dataclasses.dataclass(frozen=True)
+class MCRequests:
+  """The Monte-Carlo prefix batch: N = M x (valid cuts) continuations to sample."""
+  contexts: list[list[int]]   # row b's tokens[:c + 1]; the M copies of a cut are adjacent
+  row_N: np.ndarray           # int32: the batch row (response) each context continues
+  slot_N: np.ndarray          # int32: the cut's column k in cut_BK
+  budget_N: np.ndarray        # int32: tokens the continuation may sample
+
+
+def mc_requests(tokens: Sequence[Sequence[int]], cut_BK: np.ndarray, cut_valid_BK: np.ndarray,
+                *, num_samples: int, end_B: Sequence[int]) -> MCRequests:
+  """M continuation requests per valid cut (host), row-major over (b, k).
+
+  The value of cut c is the mean score of M responses that share row b's first c + 1 tokens,
+  so each request is the prefix tokens[b][:c + 1]. A continuation must finish the response
+  under the response's own token budget: `end_B[b]` is the transcript length row b's response
+  could reach (its prompt length + max_new_tokens, capped at max_len), and the request's
+  budget is end_B[b] - (c + 1) (>= 1, since token c + 1 was sampled within the budget).
+  Adjacent identical prefixes let the rollout engine prefill each one once.
+  """
+  cut_BK, cut_valid_BK = np.asarray(cut_BK), np.asarray(cut_valid_BK, bool)
+  if cut_BK.shape != cut_valid_BK.shape or cut_BK.shape[0] != len(tokens) or (
+      len(end_B) != len(tokens)) or num_samples < 1:
+    raise ValueError(f"mc_requests expects [B, K] cuts and validity, B token rows and end_B "
+                     f"entries and num_samples >= 1; got {cut_BK.shape}, {cut_valid_BK.shape}, "
+                     f"{len(tokens)}, {len(end_B)}, num_samples={num_samples}.")
+  b_N, k_N = np.nonzero(cut_valid_BK)   # row-major: a row's cuts in ascending order
+  c_N = cut_BK[b_N, k_N]
+  budget_N = np.asarray(end_B, np.int64)[b_N] - (c_N + 1)
+  if np.any(budget_N < 1) or np.any(c_N + 1 > np.asarray([len(tokens[b]) for b in b_N],
+                                                           np.int64)):
+    raise ValueError("mc_requests: a cut lies past its row's tokens or budget (end_B).")
+  contexts = [[int(t) for t in tokens[b][:c + 1]] for b, c in zip(b_N, c_N)
+              for _ in range(num_samples)]
+  rep = lambda x: np.repeat(x, num_samples).astype(np.int32)
+  return MCRequests(contexts, rep(b_N), rep(k_N), rep(budget_N))
+
+
+def mc_values(scores_N: np.ndarray, requests: MCRequests, shape: tuple[int, int]) -> np.ndarray:
+  """float32 [B, K]: the mean score of each cut's continuations (V(s_k)); 0 at padding."""
+  scores_N = np.asarray(scores_N, np.float64)
+  if scores_N.shape != requests.row_N.shape:
+    raise ValueError(f"mc_values: got scores of shape {scores_N.shape} for "
+                     f"{requests.row_N.size} requests.")
+  total, count = np.zeros(shape), np.zeros(shape)
+  np.add.at(total, (requests.row_N, requests.slot_N), scores_N)
+  np.add.at(count, (requests.row_N, requests.slot_N), 1.0)
+  return (total / np.maximum(count, 1.0)).astype(np.float32)
 
 
 def _segment_advantage_row(value_K, cut_K, valid_K, score, T):

@@ -78,6 +78,31 @@ class CutpointsTest(absltest.TestCase):
       spo.cutpoints(LOGP, MASK, interval=0)
 
 
+class MCRequestsTest(absltest.TestCase):
+
+  def test_prefixes_budgets_and_values(self):
+    tokens = [[7, 8, 9, 10, 11], [7, 5, 6]]
+    cut = np.array([[0, 2], [1, -1]], np.int32)
+    valid = np.array([[True, True], [True, False]])
+    req = spo.mc_requests(tokens, cut, valid, num_samples=2, end_B=[6, 4])
+    self.assertEqual(req.contexts, [[7], [7], [7, 8, 9], [7, 8, 9], [7, 5], [7, 5]])
+    np.testing.assert_array_equal(req.row_N, [0, 0, 0, 0, 1, 1])
+    np.testing.assert_array_equal(req.slot_N, [0, 0, 1, 1, 0, 0])
+    np.testing.assert_array_equal(req.budget_N, [5, 5, 3, 3, 2, 2])
+    values = spo.mc_values(np.array([1.0, 0.0, 1.0, 1.0, 0.0, 0.0]), req, cut.shape)
+    np.testing.assert_allclose(values, [[0.5, 1.0], [0.0, 0.0]])
+
+  def test_bad_arguments(self):
+    cut, valid = np.array([[3]], np.int32), np.array([[True]])
+    with self.assertRaisesRegex(ValueError, "budget"):
+      spo.mc_requests([[1, 2, 3, 4, 5]], cut, valid, num_samples=1, end_B=[4])
+    with self.assertRaisesRegex(ValueError, "num_samples"):
+      spo.mc_requests([[1, 2, 3, 4, 5]], cut, valid, num_samples=0, end_B=[6])
+    req = spo.mc_requests([[1, 2, 3, 4, 5]], cut, valid, num_samples=2, end_B=[6])
+    with self.assertRaisesRegex(ValueError, "mc_values"):
+      spo.mc_values(np.zeros(3), req, (1, 1))
+
+
 class ChainAdvantagesTest(chex.TestCase):
 
   @chex.variants(with_jit=True, without_jit=True)
