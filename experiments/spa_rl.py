@@ -42,12 +42,12 @@ of the frozen SFT policy; the policy's params and its optimizer state (Adam mome
 its lr schedule too) are kept as they were, selected inside the one jitted update by
 state.step (the applied updates so far; a skipped non-finite update does not count), so a
 resumed run continues exactly. Without it the head starts at 0 and its first contributions are
-noise that the policy follows (a cpu run: held-out greedy success 36.7% -> 10.0% in 20 steps).
-The contributions that make
-the rewards are read in the score step, before the step's updates (pre-update): they come from
-an estimator that has not been fit to these trajectories' outcomes, as the paper's estimator,
-trained before RL, has not seen the RL rollouts; fit first, it would partly memorise this
-batch's outcomes and the dense reward would drift back toward the sparse one.
+noise that the policy follows (README, Process-reward credit, has the measured runs).
+The contributions that make the rewards are read in the score step, before the step's
+updates (pre-update): they come from an estimator that has not been fit to these
+trajectories' outcomes, as the paper's estimator, trained before RL, has not seen the RL
+rollouts; fit first, it would partly memorise this batch's outcomes and the dense reward would
+drift back toward the sparse one.
 
 Presets: `cpu` (default): a tiny scratch model warm-started by SFT on the game's scripted
 demonstrations (to `sft.target_success`), then RL on the 7-turn number-guessing family,

@@ -8,7 +8,9 @@ exactly 0, a group of identical trajectories gets exactly 0, and so does a turn 
 turn index. The estimator is checked on a
 tiny random decoder: it reads the hidden state at each turn's last policy token, its loss
 sends no gradient into the policy, and update steps with zero advantages lower its loss while
-the policy stays bit-identical.
+the policy stays bit-identical. Estimator warm-up: with positive advantages, the warm-up updates
+lower the estimator's loss and keep the policy's params and Adam state bit-identical; the first
+update after it moves the policy exactly as an unwarmed run's first update would.
 """
 import importlib
 import types as pytypes
