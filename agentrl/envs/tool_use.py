@@ -16,15 +16,14 @@ and is answered with `<tool_response>{"result": ...}</tool_response>` (plus "uni
 Gold traces: after reset, `env.gold_calls` (and each step's info["gold_calls"]) lists the calls
 that solve the task, {"name", "arguments"} in order, computed by running the tools.
 info["call"] is the turn's call parsed as `parse_qwen` does (`arguments` an object or a JSON
-string; missing: {}), also when the env rejects it, or None: MatchTIR's turn reward needs it
-(Code/verl/utils/reward_score/tool.py; its data says "parameters" for "arguments").
+string; missing: {}), also when the env rejects it, or None: MatchTIR's turn reward
+(Code/verl/utils/reward_score/tool.py, whose data says "parameters") needs it.
 
 Rewards: 1.0 right answer, 0.0 wrong (the episode ends; numbers compare as numbers, other text
 case-insensitively), `format_penalty` (<= 0) for a turn with neither call nor answer, 0.0 for a
-call. One call per turn, the first pair [INF] (MatchTIR runs every call); an <answer> wins over
-any call, as in compute_process_KM. Only the last `extract.MAX_TEXT_CHARS` characters are read,
-and a call's JSON is parsed only within `MAX_CALL_CHARS` characters and `MAX_BRACKETS` brackets
-[INF], so no action can make parsing slow or deep.
+call. One call per turn, the first [INF] (MatchTIR runs every call); an <answer> wins over any
+call, as in compute_process_KM. Parsing reads the last `extract.MAX_TEXT_CHARS` characters and
+at most `MAX_CALL_CHARS` / `MAX_BRACKETS` of a call's JSON [INF]: never slow or deep.
 """
 import copy
 import dataclasses
