@@ -97,7 +97,8 @@ def make_task(tc: mlc.ConfigDict) -> Callable[[], object]:
     make_env = functools.partial(verbose_arithmetic.VerboseArithmeticEnv, digits=tc.digits)
   elif tc.name == "hidden_rule":
     make_env = functools.partial(registry.make, "hidden_rule", family=tc.family,
-                                 max_turns=tc.max_turns, style=tc.get("style", "full"))
+                                 max_turns=tc.max_turns, style=tc.get("style", "full"),
+                                 closeness_reward=tc.get("closeness_reward", 0.0))
   elif tc.name == "tool_use":  # envs/tool_use.py: family "mixed" or one of tool_use.TASKS
     make_env = functools.partial(registry.make, "tool_use", task=tc.family,
                                  max_turns=tc.max_turns)

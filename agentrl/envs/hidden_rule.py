@@ -23,7 +23,11 @@ Actions: the command is read from <action>...</action> if present, else from the
 non-empty line of the model's text; only the text's last `extract.MAX_TEXT_CHARS` characters
 are read, in linear time. Rewards: 1.0 on solving (episode ends), 0.0 for a wrong
 final answer (episode ends; wrong guesses in `guess` do not end it), `invalid_penalty` (<= 0)
-for a turn whose command cannot be parsed or is not allowed, 0.0 otherwise.
+for a turn whose command cannot be parsed or is not allowed, 0.0 otherwise. With
+`closeness_reward` = c > 0 a failed `guess` episode ends with c times how far its feedback had
+narrowed the secret down (1 - ln(width of the open range) / ln 100), so every episode's reward
+is graded (a shaped reward: `success` stays the game's outcome, and a failure earns at most
+c < 1, less than a solve). Families without a graded notion of progress ignore it.
 
 `demonstration(seed, rng, noise=...)` is a scripted expert's actions for the episode of
 `seed`, the supervised warm start's data for a from-scratch policy (agentrl/sft.py): it knows
@@ -35,6 +39,7 @@ feedback), so the data are not one fixed script.
 """
 from collections.abc import Callable
 import dataclasses
+import math
 import random
 import re
 
@@ -63,6 +68,9 @@ class _Game:
   # () -> what an ideal player infers from the feedback so far (the thinker's target,
   # envs/thinker.py); None for families without one.
   belief: Callable[[], str] | None = None
+  # () -> how far the feedback so far has narrowed the secret down, in [0, 1] (1: known);
+  # None for families without a graded notion of progress.
+  closeness: Callable[[], float] | None = None
 
 
 def _explore_then_answer(script: list[str], answer: str,
@@ -126,6 +134,9 @@ def _guess(rng: random.Random, compact: bool) -> _Game:
     lo, hi = known["lo"], known["hi"]
     return f"{lo}-{hi}" if compact else f"The secret number is between {lo} and {hi}."
 
+  def closeness():  # the share of the ln 100 nats of uncertainty the feedback has removed
+    return 1.0 - math.log(known["hi"] - known["lo"] + 1) / math.log(100)
+
   def expert(rng: random.Random, noise: float, max_turns: int) -> list[str]:
     actions, lo, hi = [], 1, 100
     while len(actions) < max_turns:
@@ -140,7 +151,7 @@ def _guess(rng: random.Random, compact: bool) -> _Game:
            "I am thinking of an integer between 1 and 100. Find it.\n"
            "Command: 'guess X'; I will answer 'higher', 'lower' or 'correct'.")
   return _Game(intro, "guess", explore, str(secret), expert, ends_on_answer=False,
-               belief=belief)
+               belief=belief, closeness=closeness)
 
 
 def _cipher(rng: random.Random, compact: bool) -> _Game:
@@ -243,7 +254,8 @@ class HiddenRuleEnv:
   system_prompt = SYSTEM_PROMPT
 
   def __init__(self, family: str = "mixed", *, max_turns: int = 8,
-               invalid_penalty: float = 0.0, style: str = "full"):
+               invalid_penalty: float = 0.0, style: str = "full",
+               closeness_reward: float = 0.0):
     if family != "mixed" and family not in FAMILIES:
       raise ValueError(f"family={family!r} must be 'mixed' or one of {FAMILIES}.")
     if style not in STYLES:
@@ -252,7 +264,10 @@ class HiddenRuleEnv:
       raise ValueError(f"need max_turns >= 2 and invalid_penalty <= 0, got {max_turns}, "
                        f"{invalid_penalty}.")
     self.family, self.max_turns, self.invalid_penalty = family, max_turns, invalid_penalty
-    self.style = style
+    if not 0.0 <= closeness_reward < 1.0:
+      raise ValueError(f"closeness_reward must be in [0, 1) so that a solve (1.0) beats any "
+                       f"failure, got {closeness_reward}.")
+    self.style, self.closeness_reward = style, closeness_reward
     self._game, self._turn, self._done = None, 0, False
 
   def _draw(self, seed: int) -> _Game:
@@ -305,6 +320,8 @@ class HiddenRuleEnv:
     self._done = True
     if not success:
       obs = f"{obs} The answer was {self._game.answer}.".strip()
+      if self.closeness_reward and self._game.closeness is not None:
+        reward += self.closeness_reward * self._game.closeness()
     return obs, reward, True, base.make_info(reward=reward, success=success, error=error,
                                              turns=self._turn)
 

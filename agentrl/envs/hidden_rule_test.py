@@ -1,4 +1,5 @@
 """Tests for agentrl.envs.hidden_rule: each family is solvable through interaction."""
+import math
 import random
 import re
 import time
@@ -220,6 +221,30 @@ class CompactStyleTest(parameterized.TestCase):
     self.assertRegex(env.step("query 1")[0], r"^f\(1\)=-?\d+$")
     with self.assertRaisesRegex(ValueError, "style"):
       hidden_rule.HiddenRuleEnv(style="terse")
+
+  def test_closeness_reward_grades_failures_only(self):
+    env = hidden_rule.HiddenRuleEnv("guess", max_turns=2, style="compact",
+                                    closeness_reward=0.5)
+    seed = next(s for s in range(2000) if env.reset(s) and env.answer == "37")
+    env.reset(seed)  # 50 -> lower (1-49), 25 -> higher (26-49): 24 numbers left open
+    self.assertEqual(env.step("guess 50")[1], 0.0)   # not shaped before the end
+    obs, reward, done, info = env.step("guess 25")
+    self.assertTrue(done)
+    self.assertFalse(info["success"])
+    self.assertAlmostEqual(reward, 0.5 * (1 - math.log(24) / math.log(100)))
+    env.reset(seed)  # two invalid turns leave all 100 numbers open: nothing earned
+    env.step("dance")
+    self.assertEqual(env.step("dance")[1], 0.0)
+    env.reset(seed)
+    env.step("guess 50")
+    self.assertEqual(env.step("guess 37")[1:3], (1.0, True))   # a solve is unshaped
+    transform = hidden_rule.HiddenRuleEnv("transform", max_turns=2, closeness_reward=0.5)
+    transform.reset(0)
+    transform.step("query 1")
+    self.assertEqual(transform.step("answer 99999")[1], 0.0)   # no graded progress there
+    for bad in (-0.1, 1.0):
+      with self.assertRaisesRegex(ValueError, "closeness_reward"):
+        hidden_rule.HiddenRuleEnv("guess", closeness_reward=bad)
 
 
 class HostileActionTest(absltest.TestCase):
