@@ -1,5 +1,6 @@
 """Tests for agentrl.envs.isolated: a hung or crashed env costs one episode and is counted."""
 import functools
+import gc
 import io
 import os
 import subprocess
@@ -106,7 +107,10 @@ class IsolatedEnvTest(parameterized.TestCase):
       isolated.IsolatedEnv(testing.ToyEnv, timeout_s=0)
 
   def test_workers_are_reused_after_close_and_garbage_collection(self):
-    isolated.shutdown()  # an idle worker left by another test would be reused first
+    # An env of an earlier test, freed by the cycle collector in mid-test, would hand its
+    # ToyEnv worker to the pool and be reused instead: collect now, then drop the idle ones.
+    gc.collect()
+    isolated.shutdown()
     env = isolated.IsolatedEnv(testing.ToyEnv)
     pid = _pid(env.reset(0))
     env.close()
