@@ -85,8 +85,8 @@ def get_config(arg: str | None = None) -> mlc.ConfigDict:
     raise configs.ConfigError(f"unknown agent preset {arg.preset!r}; use cpu (default), "
                               "smollm2, pod or smoke")
   c = recipe.rl_config(arg.preset, smoke=arg.smoke)
-  # family: one of hidden_rule.FAMILIES, or "mixed" (a family drawn per seed).
-  # style: "compact" (short texts, for a scratch model) or "full" (hidden_rule.STYLES).
+  # family: hidden_rule.FAMILIES or "mixed" (drawn per seed); style: "compact" (short texts,
+  # for a scratch model) or "full".
   # closeness_reward: c x how far a failed episode narrowed the secret down (0: outcome only).
   c.task = dict(name="hidden_rule", family="guess", max_turns=7, style="compact",
                 chat_template=False, closeness_reward=0.0)
@@ -119,9 +119,7 @@ def get_config(arg: str | None = None) -> mlc.ConfigDict:
     c.task.closeness_reward = 0.5
     c.rollout.temperature = 0.7
     c.optim.update(lr=3e-4, warmup_steps=10)
-    # GRPO, the credit that learns fastest on this game (README, Multi-turn credit); smoke
-    # keeps A2TGPO + IGPO, the longest code path.
-    c.loss.credit = "grpo"
+    c.loss.credit = "grpo"  # fastest here (README); smoke keeps A2TGPO + IGPO, the longest path
   c.eval.update(num_problems=300, every=25)
   if arg.preset == "smollm2":  # SmolLM2-135M-Instruct, a few CPU steps.
     c.task.update(max_turns=4, style="full", chat_template=True)

@@ -1,23 +1,21 @@
 """Multi-turn tool use with gold tool-call traces, for turn-level call-matching rewards.
 
 Each `reset(seed)` draws a small fictional world (towns, towers, rivers whose facts no model
-knows) and a task that needs 1 to 3 tool calls in sequence, later calls using earlier results.
-The tools are `TOOLS` below (lookup, convert_units, calculator, add_days, weekday; every
-argument required; `calculator` parses, never `eval`s).
+knows) and a task needing 1 to 3 tool calls in sequence (later ones use earlier results), then
+`<answer>...</answer>`. The tools are `TOOLS` below (lookup, convert_units, calculator,
+add_days, weekday; every argument required; `calculator` parses, never `eval`s).
 
 A call is written in the Hermes/Qwen format that MatchTIR trains with (Qu et al. 2026, arXiv
-2601.10712; quchangle1/MatchTIR Code/utils/parse_output.py `parse_qwen`):
+2601.10712; quchangle1/MatchTIR Code/utils/parse_output.py `parse_qwen`), answered with
+`<tool_response>{"result": ...}</tool_response>` (+ "unit" for measures):
 
   <tool_call>{"name": "weekday", "arguments": {"date": "2031-05-17"}}</tool_call>
 
-and is answered with `<tool_response>{"result": ...}</tool_response>` (plus "unit" for measures);
-`<answer>...</answer>` ends the episode.
-
 Gold traces: after reset, `env.gold_calls` (and each step's info["gold_calls"]) lists the calls
-that solve the task, {"name", "arguments"} in order, computed by running the tools.
-info["call"] is the turn's call parsed as `parse_qwen` does (`arguments` an object or a JSON
-string; missing: {}), also when the env rejects it, or None: MatchTIR's turn reward
-(Code/verl/utils/reward_score/tool.py, whose data says "parameters") needs it.
+that solve the task, {"name", "arguments"} in order, computed by running the tools. info["call"]
+is the turn's call parsed as `parse_qwen` does (`arguments` an object or a JSON string; missing:
+{}), also when rejected, or None: MatchTIR's turn reward (Code/verl/utils/reward_score/tool.py,
+whose data says "parameters") needs it.
 
 Rewards: 1.0 right answer, 0.0 wrong (the episode ends; numbers compare as numbers, other text
 case-insensitively), `format_penalty` (<= 0) for a turn with neither call nor answer, 0.0 for a
