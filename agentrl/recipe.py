@@ -20,6 +20,7 @@ artifact.
 are defined in `agentrl/rl_config.py` and re-exported here.
 """
 from collections.abc import Callable
+import dataclasses
 import functools
 import json
 import os
@@ -125,7 +126,8 @@ def model_config(mc: mlc.ConfigDict, vocab: int) -> transformer.Config:
   """The typed transformer Config of a scratch config.model for a tokenizer of `vocab` ids."""
   return transformer.Config.named(
       mc.variant, vocab=vocab, width=mc.width, depth=mc.depth, heads=mc.heads,
-      kv_heads=mc.kv_heads, head_dim=mc.head_dim, mlp=mc.mlp)
+      kv_heads=mc.kv_heads, head_dim=mc.head_dim, mlp=mc.mlp,
+      unroll_layers=mc.get("unroll_layers", False))
 
 
 def task_tokenizer(tc: mlc.ConfigDict) -> tokenizer_lib.Tokenizer:
@@ -188,6 +190,7 @@ def build_policy(config: mlc.ConfigDict, mesh) -> tuple[tokenizer_lib.Tokenizer,
   start = time.perf_counter()
   tok = tokenizer_lib.load(path)
   cfg, params = hf.load(path, dtype=mc.dtype)
+  cfg = dataclasses.replace(cfg, unroll_layers=mc.get("unroll_layers", False))
   print(f"Loaded in {time.perf_counter() - start:.0f}s.", flush=True)
   graphdef = nnx.split(nnx.eval_shape(lambda: transformer.Transformer(cfg, rngs=nnx.Rngs(0))))[0]
   params = sharding.reshard(params, sharding.tree_shardings(params, mesh, rules))

@@ -80,31 +80,37 @@ def _project_qkv(cfg, p, x_BTD, sin_cos, adapt):
   return apply_rope(q_BTHK, *sin_cos), apply_rope(k_BTHK, *sin_cos), v_BTHK
 
 
-def _attend(cfg, q_BTHK, k_BSGK, v_BSGK, allowed_BTS):
+def heads_first(x_BTGK):
+  """[B, T, G, K] -> [B, G, T, K], the layout `_attend` and the KV cache keep keys/values in."""
+  return jnp.swapaxes(x_BTGK, 1, 2)
+
+
+def _attend(cfg, q_BTHK, k_BGSK, v_BGSK, allowed_BTS):
   """Softmax attention; G is the KV-head count and R = H / G query heads share each KV head."""
   b, t, h, k = q_BTHK.shape
-  g = k_BSGK.shape[2]
+  g = k_BGSK.shape[1]
   q_BTGRK = q_BTHK.reshape(b, t, g, h // g, k)
   scale = (cfg.query_pre_attn_scalar or cfg.head_dim) ** -0.5
-  s_BGRTS = jnp.einsum("btgrk,bsgk->bgrts", q_BTGRK, k_BSGK,
+  s_BGRTS = jnp.einsum("btgrk,bgsk->bgrts", q_BTGRK, k_BGSK,
                        preferred_element_type=jnp.float32) * scale
   if cfg.attn_logit_softcap:
     s_BGRTS = cfg.attn_logit_softcap * jnp.tanh(s_BGRTS / cfg.attn_logit_softcap)
   s_BGRTS = jnp.where(allowed_BTS[:, None, None], s_BGRTS, _MASKED)
-  p_BGRTS = jax.nn.softmax(s_BGRTS, axis=-1).astype(v_BSGK.dtype)
-  o_BTGRK = jnp.einsum("bgrts,bsgk->btgrk", p_BGRTS, v_BSGK)
+  p_BGRTS = jax.nn.softmax(s_BGRTS, axis=-1).astype(v_BGSK.dtype)
+  o_BTGRK = jnp.einsum("bgrts,bgsk->btgrk", p_BGRTS, v_BGSK)
   return o_BTGRK.reshape(b, t, h, k)
 
 
 def layer(cfg, p, x_BTD, sin_cos, allowed_BTS, kv_fn, adapt=no_adapter):
-  """One pre-norm decoder layer. kv_fn maps this step's (k, v) to all visible (k, v);
+  """One pre-norm decoder layer. kv_fn maps this step's (k, v) [B, T, G, K] to all visible
+  (k, v) [B, G, S, K];
   adapt(name, x, y) may add a term to each projection y = x W (see `Transformer.hidden`)."""
   dt = cfg.dtype
   a, m = p["attn"], p["mlp"]
   h_BTD = rms_norm(cfg, x_BTD, p["pre_attn_norm_LD"])
   q_BTHK, k_BTGK, v_BTGK = _project_qkv(cfg, a, h_BTD, sin_cos, adapt)
-  k_BSGK, v_BSGK = kv_fn(k_BTGK, v_BTGK)
-  o_BTHK = _attend(cfg, q_BTHK, k_BSGK, v_BSGK, allowed_BTS)
+  k_BGSK, v_BGSK = kv_fn(k_BTGK, v_BTGK)
+  o_BTHK = _attend(cfg, q_BTHK, k_BGSK, v_BGSK, allowed_BTS)
   h_BTD = adapt("o", o_BTHK, jnp.einsum("bthk,hkd->btd", o_BTHK, a["o_LHKD"].astype(dt)))
   if cfg.post_norms:
     h_BTD = rms_norm(cfg, h_BTD, p["post_attn_norm_LD"])

@@ -117,18 +117,35 @@ class Config:
 
 @flax.struct.dataclass
 class KVCache:
-  """Keys/values of every layer for S slots; H here is the number of KV heads."""
-  k_LBSHK: jax.Array
-  v_LBSHK: jax.Array
+  """Keys/values of every layer for S slots; G is the number of KV heads.
+
+  Heads come before slots so that a decode step's attention is a batched matmul over (B, G)
+  as stored (with slots first, every layer and step would transpose the whole cache). With
+  `init_cache(..., per_layer=True)` k and v are tuples of L [B, G, S, K] buffers, for
+  `Transformer.decode(..., layers=)`: reading one layer out of the stacked array is a copy of
+  that layer's cache at every step.
+  """
+  k_LBGSK: jax.Array | tuple[jax.Array, ...]
+  v_LBGSK: jax.Array | tuple[jax.Array, ...]
   valid_BS: jax.Array   # bool: the slot holds a real token
   pos_BS: jax.Array     # int32 rotary position of the token in each slot
 
 
-def init_cache(cfg: Config, batch: int, max_len: int, dtype=None) -> KVCache:
-  """An empty cache with `max_len` slots (all invalid)."""
-  shape = (cfg.depth, batch, max_len, cfg.kv_heads, cfg.head_dim)
+def kv_batch_axis(cache: KVCache) -> int:
+  """The B axis of the cache's key/value buffers (1 stacked, 0 per layer); S is 2 after it."""
+  return 0 if isinstance(cache.k_LBGSK, tuple) else 1
+
+
+def init_cache(cfg: Config, batch: int, max_len: int, dtype=None, *,
+               per_layer: bool = False) -> KVCache:
+  """An empty cache with `max_len` slots (all invalid); per_layer: one buffer per layer."""
+  shape = (batch, cfg.kv_heads, max_len, cfg.head_dim)
   dtype = cfg.dtype if dtype is None else dtype
-  return KVCache(k_LBSHK=jnp.zeros(shape, dtype), v_LBSHK=jnp.zeros(shape, dtype),
+  if per_layer:
+    zeros = lambda: tuple(jnp.zeros(shape, dtype) for _ in range(cfg.depth))
+  else:
+    zeros = lambda: jnp.zeros((cfg.depth, *shape), dtype)
+  return KVCache(k_LBGSK=zeros(), v_LBGSK=zeros(),
                  valid_BS=jnp.zeros((batch, max_len), bool),
                  pos_BS=jnp.zeros((batch, max_len), jnp.int32))
 
@@ -264,11 +281,11 @@ class Transformer(nnx.Module):
     pos_BS = jax.lax.dynamic_update_slice(cache.pos_BS, positions_BT, (0, idx))
     slot_T = idx + jnp.arange(tokens_BT.shape[1], dtype=jnp.int32)
     masks = dm.allowed(cfg, positions_BT, pos_BS, slot_T, valid_BS)
-    kv = (cache.k_LBSHK, cache.v_LBSHK, idx)
-    x_BTD, (k_LBSHK, v_LBSHK, _) = self._run_layers(self._embed(tokens_BT), positions_BT,
+    kv = (cache.k_LBGSK, cache.v_LBGSK, idx)
+    x_BTD, (k_LBGSK, v_LBGSK, _) = self._run_layers(self._embed(tokens_BT), positions_BT,
                                                      masks, kv, adapter, layers)
     logits_BTV = self.logits(dm.rms_norm(cfg, x_BTD, self.final_norm_D[...]))
-    return logits_BTV, KVCache(k_LBSHK, v_LBSHK, valid_BS, pos_BS)
+    return logits_BTV, KVCache(k_LBGSK, v_LBGSK, valid_BS, pos_BS)
 
   def _embed(self, tokens_BT):
     # Clip, not NaN-fill: a stray out-of-range pad id must not poison attention sums.
@@ -280,7 +297,7 @@ class Transformer(nnx.Module):
 
   def _run_layers(self, x_BTD, positions_BT, masks, kv, adapter, layers=None):
     """Scans the stacked layers (or loops over `layers`, per-layer params without the L axis).
-    kv is None (no cache) or (k_LBSHK, v_LBSHK, write index)."""
+    kv is None (no cache) or (k_LBGSK, v_LBGSK, write index)."""
     cfg = self.cfg
     params = nnx.to_pure_dict(nnx.state(self.layers, nnx.Param))
     has_local = any(cfg.local_layers)
@@ -290,7 +307,7 @@ class Transformer(nnx.Module):
     xs = (params, jnp.arange(cfg.depth, dtype=jnp.int32), jnp.asarray(cfg.local_layers),
           adapter_params)
 
-    def body(carry, xs):
+    def body(carry, xs, static_layer=None):
       x_BTD, kv = carry
       p, layer, local, a = xs
       adapt = dm.no_adapter if adapter is None else functools.partial(adapter_fn, a, layer)
@@ -298,17 +315,24 @@ class Transformer(nnx.Module):
       sin_cos = jax.tree.map(pick, rope_local, rope_global)
       allowed_BTS = pick(masks[1], masks[0])
       if kv is None:
-        return (dm.layer(cfg, p, x_BTD, sin_cos, allowed_BTS, lambda k, v: (k, v), adapt),
-                None), None
-      k_LBSHK, v_LBSHK, idx = kv
+        no_cache = lambda k, v: (dm.heads_first(k), dm.heads_first(v))
+        return (dm.layer(cfg, p, x_BTD, sin_cos, allowed_BTS, no_cache, adapt), None), None
+      k_LBGSK, v_LBGSK, idx = kv
       written = {}
 
       def kv_fn(k_BTGK, v_BTGK):
-        start = (layer, 0, idx, 0, 0)
+        if isinstance(k_LBGSK, tuple):   # per-layer buffers: this layer's only
+          k_BGSK, v_BGSK = (jax.lax.dynamic_update_slice(
+              buf[static_layer], dm.heads_first(x).astype(buf[static_layer].dtype),
+              (0, 0, idx, 0)) for buf, x in ((k_LBGSK, k_BTGK), (v_LBGSK, v_BTGK)))
+          swap = lambda buf, x: buf[:static_layer] + (x,) + buf[static_layer + 1:]
+          written["k"], written["v"] = swap(k_LBGSK, k_BGSK), swap(v_LBGSK, v_BGSK)
+          return k_BGSK.astype(cfg.dtype), v_BGSK.astype(cfg.dtype)
+        start = (layer, 0, 0, idx, 0)
         written["k"] = jax.lax.dynamic_update_slice(
-            k_LBSHK, k_BTGK[None].astype(k_LBSHK.dtype), start)
+            k_LBGSK, dm.heads_first(k_BTGK)[None].astype(k_LBGSK.dtype), start)
         written["v"] = jax.lax.dynamic_update_slice(
-            v_LBSHK, v_BTGK[None].astype(v_LBSHK.dtype), start)
+            v_LBGSK, dm.heads_first(v_BTGK)[None].astype(v_LBGSK.dtype), start)
         dt = cfg.dtype
         return written["k"][layer].astype(dt), written["v"][layer].astype(dt)
 
@@ -317,8 +341,10 @@ class Transformer(nnx.Module):
 
     if layers is not None and (adapter is not None or len(layers) != cfg.depth):
       raise ValueError(f"layers= needs {cfg.depth} per-layer params and no adapter.")
+    if kv is not None and isinstance(kv[0], tuple) and layers is None:
+      raise ValueError("a per-layer KV cache needs decode(..., layers=unstack_layers(params)).")
     if cfg.remat:
-      body = jax.checkpoint(body)
+      body = jax.checkpoint(body, static_argnums=(2,))
     # A Python loop instead of the scan: over `layers` (per-layer buffers, no per-step copy of
     # the weights out of the stack: the engine's CPU decode), or, with Config.unroll_layers,
     # over static slices of the stack (per-layer residuals instead of the scan's [L, ...]
@@ -328,9 +354,9 @@ class Transformer(nnx.Module):
       for i in range(cfg.depth):
         xs_i = jax.tree.map(lambda a, i=i: a[i], xs[1:])
         p = layers[i] if layers is not None else jax.tree.map(lambda a, i=i: a[i], xs[0])
-        carry, _ = body(carry, (p, *xs_i))
+        carry, _ = body(carry, (p, *xs_i), i)
       return carry
-    (x_BTD, kv), _ = jax.lax.scan(body, (x_BTD, kv), xs)
+    (x_BTD, kv), _ = jax.lax.scan(lambda c, x: body(c, x, None), (x_BTD, kv), xs)
     return x_BTD, kv
 
 

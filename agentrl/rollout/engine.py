@@ -207,7 +207,8 @@ class _Run:
     # Every decode step attends over all `capacity` columns, so the cache starts near one
     # transcript's length and grows by doubling; each capacity is one compiled shape.
     self.capacity = sampler_lib.bucket(min(max_len, 256) + engine.chunk, 32)
-    self.cache = transformer.init_cache(cfg, self.B, self.capacity, dtype=engine.cache_dtype)
+    self.cache = transformer.init_cache(cfg, self.B, self.capacity, dtype=engine.cache_dtype,
+                                        per_layer=self.layers is not None)
     self.col = 0
     self.slots = [_Slot() for _ in range(self.B)]
     self.waiting = list(range(len(rows)))[::-1]   # episodes not started, popped in order
@@ -291,7 +292,9 @@ class _Run:
       grow = new_capacity - self.capacity
       pad = lambda x, axis: jnp.pad(x, [(0, grow) if a == axis else (0, 0)
                                         for a in range(x.ndim)])
-      self.cache = transformer.KVCache(pad(self.cache.k_LBSHK, 2), pad(self.cache.v_LBSHK, 2),
+      s = transformer.kv_batch_axis(self.cache) + 2
+      k, v = jax.tree.map(lambda x: pad(x, s), (self.cache.k_LBGSK, self.cache.v_LBGSK))
+      self.cache = transformer.KVCache(k, v,
                                        pad(self.cache.valid_BS, 1), pad(self.cache.pos_BS, 1))
       self.capacity = new_capacity
 

@@ -19,9 +19,9 @@ from agentrl.rollout import sampler as sampler_lib
 
 def take(cache, rows):
   """The cache rows `rows` (a sub-batch of slots)."""
-  return transformer.KVCache(jnp.take(cache.k_LBSHK, rows, axis=1),
-                             jnp.take(cache.v_LBSHK, rows, axis=1),
-                             jnp.take(cache.valid_BS, rows, axis=0),
+  b = transformer.kv_batch_axis(cache)
+  kv = jax.tree.map(lambda x: jnp.take(x, rows, axis=b), (cache.k_LBGSK, cache.v_LBGSK))
+  return transformer.KVCache(*kv, jnp.take(cache.valid_BS, rows, axis=0),
                              jnp.take(cache.pos_BS, rows, axis=0))
 
 
@@ -35,8 +35,11 @@ def prefill(graphdef, params, layers, cache, rows_R, reset_R, tokens_RN, pos_RN,
   _, sub = model.decode(tokens_RN, pos_RN, mask_RN, sub, col, layers=layers)
   put = lambda x_full, x_sub, axis: x_full.at[(slice(None),) * axis + (dst_D,)].set(
       jnp.take(x_sub, src_D, axis=axis), mode="drop")
-  return transformer.KVCache(put(cache.k_LBSHK, sub.k_LBSHK, 1), put(cache.v_LBSHK, sub.v_LBSHK, 1),
-                             put(cache.valid_BS, sub.valid_BS, 0), put(cache.pos_BS, sub.pos_BS, 0))
+  b = transformer.kv_batch_axis(cache)
+  kv = jax.tree.map(lambda full, part: put(full, part, b), (cache.k_LBGSK, cache.v_LBGSK),
+                    (sub.k_LBGSK, sub.v_LBGSK))
+  return transformer.KVCache(*kv, put(cache.valid_BS, sub.valid_BS, 0),
+                             put(cache.pos_BS, sub.pos_BS, 0))
 
 
 def decode(graphdef, params, layers, cache, col, feed_B, pos_B, active_B, budget_B, episode_B,
@@ -85,8 +88,10 @@ def compact(cache, live_B):
   (cache, columns used)."""
   valid_BS = cache.valid_BS & live_B[:, None]
   order_BS = jnp.argsort(~valid_BS, axis=1, stable=True)
-  take = lambda x_LBSHK: jnp.take_along_axis(x_LBSHK, order_BS[None, :, :, None, None], axis=2)
+  b = transformer.kv_batch_axis(cache)
+  order = order_BS[(None,) * b + (slice(None), None, slice(None), None)]   # [(1,) B 1 S 1]
+  kv = jax.tree.map(lambda x: jnp.take_along_axis(x, order, axis=b + 2),
+                    (cache.k_LBGSK, cache.v_LBGSK))
   valid_BS = jnp.take_along_axis(valid_BS, order_BS, axis=1)
-  cache = transformer.KVCache(take(cache.k_LBSHK), take(cache.v_LBSHK), valid_BS,
-                              jnp.take_along_axis(cache.pos_BS, order_BS, axis=1))
+  cache = transformer.KVCache(*kv, valid_BS, jnp.take_along_axis(cache.pos_BS, order_BS, axis=1))
   return cache, jnp.max(jnp.sum(valid_BS, axis=1))
