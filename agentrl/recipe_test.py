@@ -151,6 +151,13 @@ class TaskAndPolicyTest(absltest.TestCase):
     tok2 = recipe.task_tokenizer(config.task)
     self.assertGreater(tok2.vocab_size, tok.vocab_size)
 
+  def test_model_config_passes_unroll_layers(self):
+    mc = _config().model
+    self.assertFalse(recipe.model_config(mc, 32).unroll_layers)
+    mc.unroll_layers = True
+    cfg = recipe.model_config(mc, 32)
+    self.assertTrue(cfg.unroll_layers)
+    self.assertEqual((cfg.vocab, cfg.width, cfg.depth), (32, mc.width, mc.depth))
 
   def test_lora_policy_and_its_reference(self):
     config = _config(smoke=True)

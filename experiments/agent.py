@@ -115,7 +115,7 @@ def get_config(arg: str | None = None) -> mlc.ConfigDict:
     # keeps the samples near the greedy binary-search tree the warm start learned (at 1.0 the
     # lucky last guesses dominate the successes); a warmup keeps Adam's first sign-sized steps
     # from throwing the tiny policy off its protocol. Unrolled layers: a faster update on CPU.
-    c.total_steps, c.task.closeness_reward, c.model.unroll_layers = 200, 0.5, True
+    c.total_steps, c.task.closeness_reward, c.model.unroll_layers = 250, 0.5, True
     c.rollout.temperature = 0.7
     c.optim.update(lr=3e-4, warmup_steps=10)
     c.loss.credit = "grpo"  # fastest here (README); smoke keeps A2TGPO + IGPO, the longest path
