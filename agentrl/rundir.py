@@ -98,6 +98,8 @@ def config_changes(old: dict, new: dict) -> list[tuple[str, Any, Any]]:
 # Config keys whose change makes a run's checkpoints or tokenizer unusable: a resume with a
 # different value is refused (the checkpoint restore also checks every state shape).
 STRUCTURAL_KEYS = ("model.", "task.")
+# Model keys that only change how the same weights are computed: a resume may change them.
+COMPUTE_KEYS = ("model.unroll_layers", "model.logprob_impl")
 
 
 def write_config(config: mlc.ConfigDict, workdir: str) -> float:
@@ -112,7 +114,7 @@ def write_config(config: mlc.ConfigDict, workdir: str) -> float:
   if os.path.exists(path):
     changes = config_changes(read_config(workdir).to_dict(), config.to_dict())
     refused = [f"config.{k}: {old!r} -> {new!r}" for k, old, new in changes
-               if k.startswith(STRUCTURAL_KEYS)]
+               if k.startswith(STRUCTURAL_KEYS) and k not in COMPUTE_KEYS]
     if refused:
       raise configs.ConfigError(
           f"--workdir={workdir} holds a run with a different model or task ("

@@ -84,6 +84,20 @@ class ConfigTest(absltest.TestCase):
       rundir.write_config(changed, workdir)
     self.assertEqual(rundir.read_config(workdir).model.width, 64)  # untouched
 
+  def test_resume_may_change_how_the_model_is_computed(self):
+    workdir = _tmpdir(self)
+    older = _config()
+    del older.model["unroll_layers"]   # a run made before the key existed
+    rundir.write_config(older, workdir)
+    self.addCleanup(rundir.unlock, workdir)
+    changed = _config()
+    changed.model.unroll_layers = True
+    with mock.patch("builtins.print") as printed:
+      rundir.write_config(changed, workdir)
+    self.assertIn("config.model.unroll_layers changed: None -> True",
+                  printed.call_args_list[0].args[0])
+    self.assertTrue(rundir.read_config(workdir).model.unroll_layers)
+
   def test_resume_logs_hyperparameter_changes(self):
     workdir = _tmpdir(self)
     rundir.write_config(_config(), workdir)
