@@ -322,9 +322,10 @@ class Transformer(nnx.Module):
 
       def kv_fn(k_BTGK, v_BTGK):
         if isinstance(k_LBGSK, tuple):   # per-layer buffers: this layer's only
-          k_BGSK, v_BGSK = (jax.lax.dynamic_update_slice(
-              buf[static_layer], dm.heads_first(x).astype(buf[static_layer].dtype),
-              (0, 0, idx, 0)) for buf, x in ((k_LBGSK, k_BTGK), (v_LBGSK, v_BTGK)))
+          write = lambda buf, x: jax.lax.dynamic_update_slice(
+              buf, dm.heads_first(x).astype(buf.dtype), (0, 0, idx, 0))
+          k_BGSK = write(k_LBGSK[static_layer], k_BTGK)
+          v_BGSK = write(v_LBGSK[static_layer], v_BTGK)
           swap = lambda buf, x: buf[:static_layer] + (x,) + buf[static_layer + 1:]
           written["k"], written["v"] = swap(k_LBGSK, k_BGSK), swap(v_LBGSK, v_BGSK)
           return k_BGSK.astype(cfg.dtype), v_BGSK.astype(cfg.dtype)
