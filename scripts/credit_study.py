@@ -1,13 +1,15 @@
 # pylint: disable=invalid-name
-r"""Credit-assignment study: outcome-only GRPO vs turn-level credit on the multi-turn main job.
+r"""Credit-assignment study: outcome-only GRPO vs turn-level credit on multi-turn tasks.
 
   python scripts/credit_study.py --out=runs/credit_study          # 7 methods x 3 seeds
   python scripts/credit_study.py --out=/tmp/cs --methods=grpo --seeds=1 --steps=4
+  python scripts/credit_study.py --task=tool_use --out=runs/tool_study --steps=75
 
-Every run is `python -m experiments.agent` with its `cpu` preset (the number-guessing hidden-rule
-game, 7 turns, a tiny model warm-started by SFT on demonstrations) and one `loss.credit`, on the
-outcome reward alone (`task.closeness_reward=0`: the main job's graded reward for failures would
-give every credit the dense signal that turn-level credit is meant to supply):
+--task=hidden_rule (default): every run is `python -m experiments.agent` with its `cpu` preset
+(the number-guessing hidden-rule game, 7 turns, a tiny model warm-started by SFT on
+demonstrations) and one `loss.credit`, on the outcome reward alone
+(`task.closeness_reward=0`: the main job's graded reward for failures would give every credit
+the dense signal that turn-level credit is meant to supply):
 
   grpo         the outcome's group z-score on every turn (no turn-level credit);
   a2tgpo_igpo  A2TGPO over IGPO information-gain turn rewards (the smollm2/pod presets' default);
@@ -18,6 +20,15 @@ give every credit the dense signal that turn-level credit is meant to supply):
                gain per turn, one group-pooled z-score (lambda 0.5, 3 references);
   infopo       InfoPO: outcome GRPO + the gated counterfactual-observation information.
   mapo         MAPO: the outcome's z-score and percent deviation mixed by the group's certainty.
+
+--task=tool_use: every run is `python -m experiments.matchtir` (the multi-turn tool-use env
+with gold call traces, the tiny model warm-started by SFT on its demonstrations) at Adam 1e-4,
+a third of the preset's rate, at which neither credit loses the call format in its first steps:
+
+  grpo         the outcome's group z-score on every turn;
+  matchtir     MatchTIR: turn rewards by Kuhn-Munkres matching of the calls to the gold calls,
+               the dual-level (trajectory + turn) advantage;
+  matchtir_ot  the same with optimal-transport (Sinkhorn) matching.
 
 Equal budgets: the same RL steps, prompts and samples per step (so the same env steps), the
 same held-out evaluation, and one shared SFT warm start (the first run trains it, the others get
@@ -38,21 +49,34 @@ import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top,wrong-imp
 
 from agentrl import study  # pylint: disable=wrong-import-position
 
-# method -> its config overrides of experiments/agent.py.
-METHODS = {"grpo": ["--config.loss.credit=grpo"],
-           "a2tgpo_igpo": ["--config.loss.credit=a2tgpo_igpo"],
-           "igpo": ["--config.loss.credit=igpo"],
-           "gigpo": ["--config.loss.credit=gigpo", "--config.loss.gamma=0.95"],
-           "siop": ["--config.loss.credit=siop"],
-           "infopo": ["--config.loss.credit=infopo"],
-           "mapo": ["--config.loss.credit=mapo"]}
+# task -> (experiment, {method: its config overrides}, the overrides of every run, plot title).
+TASKS = {
+    "hidden_rule": ("agent", {
+        "grpo": ["--config.loss.credit=grpo"],
+        "a2tgpo_igpo": ["--config.loss.credit=a2tgpo_igpo"],
+        "igpo": ["--config.loss.credit=igpo"],
+        "gigpo": ["--config.loss.credit=gigpo", "--config.loss.gamma=0.95"],
+        "siop": ["--config.loss.credit=siop"],
+        "infopo": ["--config.loss.credit=infopo"],
+        "mapo": ["--config.loss.credit=mapo"],
+    }, ["--config.task.closeness_reward=0"], "hidden-rule guessing game"),
+    "tool_use": ("matchtir", {
+        "grpo": ["--config.loss.credit=grpo"],
+        "matchtir": ["--config.loss.credit=matchtir", "--config.loss.matching=kuhn_munkres"],
+        "matchtir_ot": ["--config.loss.credit=matchtir", "--config.loss.matching=ot"],
+    }, ["--config.optim.lr=1e-4"], "multi-turn tool use"),
+}
 
+_TASK = flags.DEFINE_enum("task", "hidden_rule", list(TASKS), "The multi-turn task.")
 _OUT = flags.DEFINE_string("out", "runs/credit_study", "Directory of the runs and results.")
-_METHODS = flags.DEFINE_list("methods", list(METHODS), f"Methods, of {list(METHODS)}.")
+_METHODS = flags.DEFINE_list(
+    "methods", None, "Methods (default: all of the task's): "
+    + "; ".join(f"{task}: {','.join(methods)}" for task, (_, methods, _, _) in TASKS.items()))
 _SEEDS = flags.DEFINE_integer("seeds", 3, "Seeds 0 .. seeds-1 per method.")
 _STEPS = flags.DEFINE_integer("steps", 150, "RL steps per run.")
 _EVAL_EVERY = flags.DEFINE_integer("eval_every", 25, "Held-out evaluation every N steps.")
-_EVAL_PROBLEMS = flags.DEFINE_integer("eval_problems", 300, "Held-out problems.")
+_EVAL_PROBLEMS = flags.DEFINE_integer("eval_problems", 0,
+                                      "Held-out problems; 0: the experiment preset's number.")
 
 
 def run_dir(method: str, seed: int) -> str:
@@ -60,15 +84,16 @@ def run_dir(method: str, seed: int) -> str:
 
 
 def train(method: str, seed: int) -> None:
+  experiment, methods, task_flags, _ = TASKS[_TASK.value]
   workdir = run_dir(method, seed)
-  study.share_warm_start(workdir, [run_dir(m, s) for m in METHODS for s in range(_SEEDS.value)])
-  timing = study.run_experiment("agent", workdir, [
+  study.share_warm_start(workdir, [run_dir(m, s) for m in methods for s in range(_SEEDS.value)])
+  eval_problems = ([f"--config.eval.num_problems={_EVAL_PROBLEMS.value}"]
+                   if _EVAL_PROBLEMS.value else [])
+  timing = study.run_experiment(experiment, workdir, [
       f"--config.seed={seed}", f"--config.total_steps={_STEPS.value}",
-      f"--config.eval.every={_EVAL_EVERY.value}",
-      f"--config.eval.num_problems={_EVAL_PROBLEMS.value}",
+      f"--config.eval.every={_EVAL_EVERY.value}", *eval_problems,
       f"--config.log.save_every={_EVAL_EVERY.value}", "--config.log.tensorboard=False",
-      "--config.task.closeness_reward=0",
-      *METHODS[method]])
+      *task_flags, *methods[method]])
   print(f"{method} seed {seed}: {timing['wall_s']:.0f}s wall, {timing['cpu_s']:.0f}s CPU",
         flush=True)
 
@@ -105,7 +130,7 @@ def plot(runs: dict, path: str) -> None:
     ax.fill_between(x, y.mean(0) - y.std(0), y.mean(0) + y.std(0), alpha=0.2)
   ax.set_xlabel("RL step")
   ax.set_ylabel("held-out greedy success (%)")
-  ax.set_title(f"hidden-rule guessing game, {len(next(iter(runs.values())))} seeds")
+  ax.set_title(f"{TASKS[_TASK.value][3]}, {len(next(iter(runs.values())))} seeds")
   ax.grid(alpha=0.3)
   ax.legend()
   fig.tight_layout()
@@ -115,18 +140,21 @@ def plot(runs: dict, path: str) -> None:
 
 def main(argv):
   del argv
-  unknown = sorted(set(_METHODS.value) - set(METHODS))
+  methods = TASKS[_TASK.value][1]
+  chosen = _METHODS.value or list(methods)
+  unknown = sorted(set(chosen) - set(methods))
   if unknown:
-    raise app.UsageError(f"unknown methods {unknown}; use {list(METHODS)}")
+    raise app.UsageError(f"unknown methods {unknown} for --task={_TASK.value}; use "
+                         f"{list(methods)}")
   os.makedirs(_OUT.value, exist_ok=True)
   start = time.perf_counter()
   for seed in range(_SEEDS.value):
-    for method in _METHODS.value:
+    for method in chosen:
       if study.finished(run_dir(method, seed), _STEPS.value):
         print(f"{method} seed {seed}: done, skipped", flush=True)
       else:
         train(method, seed)
-  runs = {m: [load(m, s) for s in range(_SEEDS.value)] for m in _METHODS.value}
+  runs = {m: [load(m, s) for s in range(_SEEDS.value)] for m in chosen}
   text = table(runs)
   png = os.path.join(_OUT.value, "credit_study.png")
   plot(runs, png)

@@ -1,0 +1,62 @@
+"""scripts/credit_study.py: every task's method overrides are valid keys of its experiment.
+
+The study passes `--config.<key>=<value>` overrides to an experiment binary; a typo there would
+only show after the first run's SFT. Here each task's and method's overrides are applied to the
+experiment's `cpu` config and validated against its schema, without running anything.
+"""
+import importlib
+import importlib.util
+import os
+
+from absl.testing import absltest
+
+from agentrl import recipe
+
+_SCRIPT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts",
+                       "credit_study.py")
+
+
+def _load_script():
+  spec = importlib.util.spec_from_file_location("credit_study", _SCRIPT)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+def _apply(config, override: str):
+  """Sets one `--config.a.b=value` on `config`, typed like the value it replaces."""
+  key, value = override.removeprefix("--config.").split("=", 1)
+  *parents, leaf = key.split(".")
+  node = config
+  for name in parents:
+    node = node[name]
+  old = node[leaf]
+  node[leaf] = (value == "True") if isinstance(old, bool) else type(old)(value)
+
+
+class CreditStudyTest(absltest.TestCase):
+
+  def test_every_method_override_validates(self):
+    tasks = _load_script().TASKS
+    self.assertEqual(set(tasks), {"hidden_rule", "tool_use"})
+    for task, (experiment, methods, task_flags, _) in tasks.items():
+      module = importlib.import_module(f"experiments.{experiment}")
+      self.assertIn("grpo", methods, task)   # every task has the outcome-only baseline
+      for method, method_flags in methods.items():
+        config = module.get_config()
+        for override in (*task_flags, *method_flags):
+          _apply(config, override)
+        recipe.validate(config, module.SCHEMA)
+        self.assertEqual(config.loss.credit, "grpo" if method == "grpo" else
+                         method.removesuffix("_ot"), f"{task}/{method}")
+
+  def test_a_bad_override_is_caught(self):
+    module = importlib.import_module("experiments.matchtir")
+    config = module.get_config()
+    _apply(config, "--config.loss.matching=hungarian")
+    with self.assertRaisesRegex(Exception, "loss.matching"):
+      recipe.validate(config, module.SCHEMA)
+
+
+if __name__ == "__main__":
+  absltest.main()
