@@ -33,8 +33,8 @@ a third of the preset's rate, at which neither credit loses the call format in i
 Equal budgets: the same RL steps, prompts and samples per step (so the same env steps), the
 same held-out evaluation, and one shared SFT warm start (the first run trains it, the others get
 a copy), so methods differ only in credit and seeds only in the RL runs' randomness. Resumable:
-finished runs are skipped, killed ones resume. Writes <out>/<method>_seed<s>/,
-<out>/results.txt (the table and the command) and <out>/credit_study.png (held-out success per
+finished runs are skipped, killed ones resume. Writes <out>/study_task (a study of the other
+task refuses the directory), <out>/<method>_seed<s>/, <out>/results.txt (the table and the command) and <out>/credit_study.png (held-out success per
 step, mean over seeds, +- one standard deviation shaded).
 """
 import os
@@ -68,7 +68,8 @@ TASKS = {
 }
 
 _TASK = flags.DEFINE_enum("task", "hidden_rule", list(TASKS), "The multi-turn task.")
-_OUT = flags.DEFINE_string("out", "runs/credit_study", "Directory of the runs and results.")
+_OUT = flags.DEFINE_string("out", None, "Directory of the runs and results (default: "
+                           "runs/credit_study, or runs/tool_study with --task=tool_use).")
 _METHODS = flags.DEFINE_list(
     "methods", None, "Methods (default: all of the task's): "
     + "; ".join(f"{task}: {','.join(methods)}" for task, (_, methods, _, _) in TASKS.items()))
@@ -79,8 +80,28 @@ _EVAL_PROBLEMS = flags.DEFINE_integer("eval_problems", 0,
                                       "Held-out problems; 0: the experiment preset's number.")
 
 
+def out_dir() -> str:
+  return _OUT.value or ("runs/tool_study" if _TASK.value == "tool_use" else "runs/credit_study")
+
+
 def run_dir(method: str, seed: int) -> str:
-  return os.path.join(_OUT.value, f"{method}_seed{seed}")
+  return os.path.join(out_dir(), f"{method}_seed{seed}")
+
+
+def claim_out_dir(out: str, task: str) -> None:
+  """Marks `out` as a `task` study, or raises UsageError if it holds the other task's runs:
+  both tasks have a grpo_seed0, which must not be mixed up."""
+  os.makedirs(out, exist_ok=True)
+  marker = os.path.join(out, "study_task")
+  if os.path.exists(marker):
+    with open(marker) as f:
+      claimed = f.read().strip()
+    if claimed != task:
+      raise app.UsageError(f"{out} holds a --task={claimed} study; pass --task={claimed} or a "
+                           f"new --out for --task={task}")
+  else:
+    with open(marker, "w") as f:
+      f.write(task)
 
 
 def train(method: str, seed: int) -> None:
@@ -146,7 +167,7 @@ def main(argv):
   if unknown:
     raise app.UsageError(f"unknown methods {unknown} for --task={_TASK.value}; use "
                          f"{list(methods)}")
-  os.makedirs(_OUT.value, exist_ok=True)
+  claim_out_dir(out_dir(), _TASK.value)
   start = time.perf_counter()
   for seed in range(_SEEDS.value):
     for method in chosen:
@@ -156,9 +177,9 @@ def main(argv):
         train(method, seed)
   runs = {m: [load(m, s) for s in range(_SEEDS.value)] for m in chosen}
   text = table(runs)
-  png = os.path.join(_OUT.value, "credit_study.png")
+  png = os.path.join(out_dir(), "credit_study.png")
   plot(runs, png)
-  study.write_results(_OUT.value, "credit_study.py", text, png, start)
+  study.write_results(out_dir(), "credit_study.py", text, png, start)
 
 
 if __name__ == "__main__":

@@ -4,9 +4,12 @@ The study passes `--config.<key>=<value>` overrides to an experiment binary; a t
 only show after the first run's SFT. Here each task's and method's overrides are applied to the
 experiment's `cpu` config and validated against its schema, without running anything.
 """
+import functools
 import importlib
 import importlib.util
 import os
+import shutil
+import tempfile
 
 from absl.testing import absltest
 
@@ -16,7 +19,9 @@ _SCRIPT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
                        "credit_study.py")
 
 
+@functools.cache
 def _load_script():
+  # Once per process: the script defines its absl flags when it is executed.
   spec = importlib.util.spec_from_file_location("credit_study", _SCRIPT)
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
@@ -49,6 +54,15 @@ class CreditStudyTest(absltest.TestCase):
         recipe.validate(config, module.SCHEMA)
         self.assertEqual(config.loss.credit, "grpo" if method == "grpo" else
                          method.removesuffix("_ot"), f"{task}/{method}")
+
+  def test_an_out_dir_holds_one_task(self):
+    script = _load_script()
+    out = tempfile.mkdtemp()
+    self.addCleanup(shutil.rmtree, out)
+    script.claim_out_dir(out, "tool_use")
+    script.claim_out_dir(out, "tool_use")          # resuming the same study is fine
+    with self.assertRaisesRegex(script.app.UsageError, "holds a --task=tool_use study"):
+      script.claim_out_dir(out, "hidden_rule")
 
   def test_a_bad_override_is_caught(self):
     module = importlib.import_module("experiments.matchtir")
