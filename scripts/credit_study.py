@@ -34,8 +34,9 @@ Equal budgets: the same RL steps, prompts and samples per step (so the same env 
 same held-out evaluation, and one shared SFT warm start (the first run trains it, the others get
 a copy), so methods differ only in credit and seeds only in the RL runs' randomness. Resumable:
 finished runs are skipped, killed ones resume. Writes <out>/study_task (a study of the other
-task refuses the directory), <out>/<method>_seed<s>/, <out>/results.txt (the table and the command) and <out>/credit_study.png (held-out success per
-step, mean over seeds, +- one standard deviation shaded).
+task refuses the directory), <out>/<method>_seed<s>/, <out>/results.txt (the table and the
+command) and <out>/credit_study.png (held-out success per step, mean over seeds, +- one
+standard deviation shaded).
 """
 import os
 import time
