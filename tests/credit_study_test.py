@@ -13,6 +13,7 @@ import tempfile
 
 from absl.testing import absltest
 
+from agentrl import configs
 from agentrl import recipe
 
 _SCRIPT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts",
@@ -31,12 +32,10 @@ def _load_script():
 def _apply(config, override: str):
   """Sets one `--config.a.b=value` on `config`, typed like the value it replaces."""
   key, value = override.removeprefix("--config.").split("=", 1)
-  *parents, leaf = key.split(".")
-  node = config
-  for name in parents:
-    node = node[name]
-  old = node[leaf]
-  node[leaf] = (value == "True") if isinstance(old, bool) else type(old)(value)
+  parent, _, leaf = key.rpartition(".")
+  node = configs.get(config, parent) if parent else config
+  convert = configs._convert  # pylint: disable=protected-access
+  node[leaf] = convert(key, value, configs.get(config, key))
 
 
 class CreditStudyTest(absltest.TestCase):
