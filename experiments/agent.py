@@ -92,7 +92,7 @@ def get_config(arg: str | None = None) -> mlc.ConfigDict:
                 chat_template=False, closeness_reward=0.0)
   # demo_noise: the chance that a demonstrated guess is a random consistent one (0: the
   # expert's binary search only).
-  c.sft.update(target_success=0.3, demo_noise=0.0, eval_every=10, eval_problems=200)
+  c.sft.update(target_success=0.3, demo_noise=0.0, eval_every=2, eval_problems=200)
   c.rollout.update(prompts_per_step=32, group_size=8, max_new_tokens=6, max_len=64)
   # credit: "a2tgpo_igpo" (the module docstring), "igpo" (IGPO's own advantage over the same
   # gains: agentrl.credit.igpo), "gigpo" (episode + anchor-state step groups, omega the step

@@ -9,7 +9,8 @@ r"""Credit-assignment study: outcome-only GRPO vs turn-level credit on multi-tur
 (the number-guessing hidden-rule game, 7 turns, a tiny model warm-started by SFT on
 demonstrations) and one `loss.credit`, on the outcome reward alone
 (`task.closeness_reward=0`: the main job's graded reward for failures would give every credit
-the dense signal that turn-level credit is meant to supply):
+the dense signal that turn-level credit is meant to supply), SFT checked every 10 steps (the
+warm start, at 36.7% held-out, that the README's study started from):
 
   grpo         the outcome's group z-score on every turn (no turn-level credit);
   a2tgpo_igpo  A2TGPO over IGPO information-gain turn rewards (the smollm2/pod presets' default);
@@ -60,7 +61,8 @@ TASKS = {
         "siop": ["--config.loss.credit=siop"],
         "infopo": ["--config.loss.credit=infopo"],
         "mapo": ["--config.loss.credit=mapo"],
-    }, ["--config.task.closeness_reward=0"], "hidden-rule guessing game"),
+    }, ["--config.task.closeness_reward=0", "--config.sft.eval_every=10"],
+        "hidden-rule guessing game"),
     "tool_use": ("matchtir", {
         "grpo": ["--config.loss.credit=grpo"],
         "matchtir": ["--config.loss.credit=matchtir", "--config.loss.matching=kuhn_munkres"],
