@@ -351,19 +351,19 @@ def train(config: mlc.ConfigDict, workdir: str) -> dict:
   make_env = recipe.make_task(config.task)
 
   # ---- Policy, warm-started (a scratch model: SFT on demonstrations, its validation success
-  # measured with the rollout engine), frozen reference (for the logged kl), optimizer.
+  # measured with the rollout engine), optimizer. No frozen reference: these losses have no KL
+  # term (as the GRPO job at loss.kl_coef=0), and its forward would cost every step.
   tok, graphdef, params = recipe.build_policy(config, mesh)
   engine = recipe.rollout_engine(config, graphdef, tok)
   params, sft_info = recipe.warm_start(config, workdir, mesh, graphdef, params, tok,
                                        engine=engine)
-  ref_params = recipe.reference_params(params)  # a copy; None: LoRA's frozen base
   tx = recipe.make_optimizer(config.optim)
   state, state_shardings = sharding.create_train_state(params, tx, mesh, config.sharding_rules)
 
   # ---- Jitted steps.
   impl = config.model.logprob_impl
   score_step = jax.jit(loop.make_score_step(graphdef, temperature=rc.temperature,
-                                            logprob_impl=impl, with_ref=True))
+                                            logprob_impl=impl))
   update_step = jax.jit(loop.skip_nonfinite(make_update_step(config, graphdef, tx)),
                         donate_argnames="state", out_shardings=(state_shardings, None))
   probe_step = jax.jit(probes.make_probe_step(graphdef, logprob_impl=impl))
@@ -379,7 +379,7 @@ def train(config: mlc.ConfigDict, workdir: str) -> dict:
         state, rng=jax.random.key(config.seed), total_steps=config.total_steps, workdir=workdir,
         rollout_fn=make_rollout_fn(config, engine, tok, make_env, data, mesh, probe_step,
                                    counterfactual_step),
-        score_fn=lambda params, batch: score_step(params, ref_params, batch),
+        score_fn=lambda params, batch: score_step(params, None, batch),
         advantage_fn=jax.jit(make_advantage_fn(config)), update_fn=update_step, data=data,
         evaluate=recipe.evaluator(config, engine, tok, make_env), **recipe.loop_options(config))
   name = {"a2tgpo_igpo": "A2TGPO", "igpo": "IGPO", "gigpo": "GiGPO", "siop": "SIOP",

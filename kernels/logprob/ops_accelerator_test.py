@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from kernels.logprob import ops
+from kernels.logprob import pallas_gpu
 
 jax.config.update("jax_numpy_rank_promotion", "raise")
 
@@ -25,8 +26,14 @@ class TokenLogprobsCompiledTest(parameterized.TestCase):
     if jax.default_backend() not in _KERNEL:
       self.skipTest("Needs a TPU or GPU; ops_test.py covers the kernels in interpret mode.")
 
-  @parameterized.parameters(dict(softcap=None, entropy=False), dict(softcap=30.0, entropy=True))
-  def test_default_blocks_match_xla(self, softcap, entropy):
+  @parameterized.parameters(dict(softcap=None, entropy=False, backward="xla"),
+                            dict(softcap=30.0, entropy=True, backward="xla"),
+                            dict(softcap=30.0, entropy=True, backward="triton"))
+  def test_default_blocks_match_xla(self, softcap, entropy, backward):
+    # `backward` applies to the GPU kernel only (the TPU kernel has one backward): its
+    # default, the XLA path's backward, and its own Triton kernels.
+    if jax.default_backend() == "tpu" and backward == "triton":
+      self.skipTest("The Triton backward is GPU-only.")
     n, d, v = 2048 + 5, 576, 49152 + 7  # ragged against every default tile
     k = jax.random.split(jax.random.key(0), 4)
     h_ND = jax.random.normal(k[0], (n, d), jnp.bfloat16)
@@ -38,8 +45,9 @@ class TokenLogprobsCompiledTest(parameterized.TestCase):
     def run_all(h_ND, w_DV):
       def run(impl):
         def objective(h, w):
+          blocks = pallas_gpu.BlockSizes(backward=backward) if impl == "pallas_gpu" else None
           out = ops.token_logprobs(h, w, y_N, softcap=softcap, return_entropy=entropy,
-                                   impl=impl)
+                                   impl=impl, block_sizes=blocks)
           logp_N = out[0] if entropy else out
           extra = jnp.sum(out[1]) if entropy else 0.0
           return jnp.sum(g_N * logp_N) + extra, logp_N

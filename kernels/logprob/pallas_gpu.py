@@ -10,13 +10,16 @@ sequential grid axes or scratch buffers, so each program loops over its tiles wi
   each tile a K-loop over `th`-wide slices of D (masked, so any D works; Triton tensors must be
   powers of two), and writes partial `(m, l, t, a)` per split, merged afterwards (verl's
   vocab-split design). Splits raise parallelism when N/tn is below the SM count.
-- Backward, two kernels that recompute the logit tiles (10NDV): `dh` with one program per token
-  block, `dW` with one program per vocab block. Each program owns its output rows/columns and
-  accumulates into them in HBM (read-modify-write per `th` slice), so there are no races and no
-  `[tn, D]` register accumulator (D is up to several thousand).
+- Backward (`BlockSizes.backward`): `"xla"` (default) hands the residuals to the XLA path's
+  backward (`xla.backward`: recomputed logit chunks as cuBLAS GEMMs); `"triton"` runs two
+  kernels that recompute the logit tiles (10NDV): `dh` with one program per token block, `dW`
+  with one program per vocab block. Each program owns its output rows/columns and accumulates
+  into them in HBM (read-modify-write per `th` slice), so there are no races and no `[tn, D]`
+  register accumulator (D is up to several thousand). On an H200 the Triton backward measured
+  several times slower than the XLA one (kernels/README.md: the `dh` grid has only N/tn
+  programs, each looping over the whole vocabulary), hence the default.
 
-`ops.token_logprobs(impl="auto")` uses the XLA path on GPU: its cuBLAS GEMMs are the stronger
-baseline until this kernel is benchmarked on hardware (docs/kernels.md §8.3). Tested in interpret mode.
+Tested compiled on a GPU (ops_test.py, ops_accelerator_test.py) and in interpret mode on CPU.
 """
 import dataclasses
 import functools
@@ -27,20 +30,29 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from kernels.logprob import common
+from kernels.logprob import xla
 
 
 @dataclasses.dataclass(frozen=True)
 class BlockSizes:
-  """Tile sizes (powers of two, ≥ 16 for `tl.dot`): rows, vocab, depth (slice of D)."""
+  """Tile sizes (powers of two, ≥ 16 for `tl.dot`): rows, vocab, depth (slice of D).
+
+  `backward`: "xla" (`xla.backward` with `xla_blocks`) or "triton" (this module's kernels).
+  """
   rows: int = 64
   vocab: int = 128
   depth: int = 64
   vocab_splits: int = 8
   num_warps: int = 4
   num_stages: int = 2
+  backward: str = "xla"
+  xla_blocks: xla.BlockSizes = xla.BlockSizes()
 
 
 def _check(block_sizes: BlockSizes):
+  if block_sizes.backward not in ("xla", "triton"):
+    raise ValueError("pallas_gpu.BlockSizes.backward must be 'xla' or 'triton', got "
+                     f"{block_sizes.backward!r}.")
   for name in ("rows", "vocab", "depth"):
     x = getattr(block_sizes, name)
     if x < 16 or x & (x - 1):
@@ -201,6 +213,10 @@ def backward(hidden_ND, w_DV, targets_N, lse_N, mean_z_N, g_N, g_ent_N, *,
              block_sizes: BlockSizes = BlockSizes(), interpret=False):
   """Returns float32 `(dh_ND, dW_DV)`; same contract as `xla.backward`."""
   _check(block_sizes)
+  if block_sizes.backward == "xla":
+    return xla.backward(hidden_ND, w_DV, targets_N, lse_N, mean_z_N, g_N, g_ent_N,
+                        temperature=temperature, softcap=softcap,
+                        block_sizes=block_sizes.xla_blocks)
   (n, d), v = hidden_ND.shape, w_DV.shape[1]
   tn, tv, th = block_sizes.rows, block_sizes.vocab, block_sizes.depth
   col = lambda x: x.astype(jnp.float32).reshape(n, 1)
