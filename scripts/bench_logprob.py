@@ -3,8 +3,8 @@
   python scripts/bench_logprob.py                      # SmolLM2 head + a Qwen2.5-0.5B head
   python scripts/bench_logprob.py --shapes=4096x576x49152 --repeats=5
   python scripts/bench_logprob.py --shapes= --pallas_interpret_shape=256x576x4096
-  python scripts/bench_logprob.py --dtype=bfloat16 --impls=reference,xla,pallas,torch,torch_compile \
-      --torch_python=python3 --repeats=20 --inner=10        # on a GPU
+  python scripts/bench_logprob.py --dtype=bfloat16 --repeats=10 --inner=10 \
+      --impls=reference,xla,pallas,torch,torch_compile --torch_python=python3   # on a GPU
 
 Memory: each (shape, mode, impl) is compiled and run once in a fresh subprocess, so one case's
 allocations cannot hide another's peak. Two figures:
