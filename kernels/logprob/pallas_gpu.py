@@ -39,12 +39,12 @@ class BlockSizes:
 
   `backward`: "xla" (`xla.backward` with `xla_blocks`) or "triton" (this module's kernels).
   """
-  rows: int = 64
-  vocab: int = 128
+  rows: int = 128
+  vocab: int = 256
   depth: int = 64
   vocab_splits: int = 8
-  num_warps: int = 4
-  num_stages: int = 2
+  num_warps: int = 8
+  num_stages: int = 3
   backward: str = "xla"
   xla_blocks: xla.BlockSizes = xla.BlockSizes()
 
