@@ -77,6 +77,15 @@ def _rss_kb(field: str) -> int:
   raise RuntimeError(f"{field} not in /proc/self/status")
 
 
+def _peak_rss_growth_mb(run) -> float:
+  """Calls `run()` and returns its peak resident-set growth in MiB (VmHWM reset first)."""
+  base_kb = _rss_kb("VmRSS")
+  with open("/proc/self/clear_refs", "w") as f:
+    f.write("5")  # reset VmHWM to the current RSS
+  run()
+  return (_rss_kb("VmHWM") - base_kb) / 1024
+
+
 def _compile(job: dict, impl: str):
   """Returns (compiled fn, args) for one impl of the job's shape and mode."""
   import jax  # pylint: disable=g-import-not-at-top
@@ -114,11 +123,8 @@ def _memory_job(job: dict) -> dict:
     base = device.memory_stats()["bytes_in_use"]
     jax.block_until_ready(compiled(*args))
     return dict(xla_mb=xla_mb, peak_mb=(device.memory_stats()["peak_bytes_in_use"] - base) / 2**20)
-  base_kb = _rss_kb("VmRSS")
-  with open("/proc/self/clear_refs", "w") as f:
-    f.write("5")  # reset VmHWM to the current RSS
-  jax.block_until_ready(compiled(*args))
-  return dict(xla_mb=xla_mb, peak_mb=(_rss_kb("VmHWM") - base_kb) / 1024)
+  peak_mb = _peak_rss_growth_mb(lambda: jax.block_until_ready(compiled(*args)))
+  return dict(xla_mb=xla_mb, peak_mb=peak_mb)
 
 
 def _time_job(job: dict) -> dict:
@@ -172,11 +178,7 @@ def _torch_job(job: dict) -> dict:
     sync()
     peak_mb = (torch.cuda.max_memory_allocated() - base) / 2**20
   else:
-    base_kb = _rss_kb("VmRSS")
-    with open("/proc/self/clear_refs", "w") as f:
-      f.write("5")
-    run()
-    peak_mb = (_rss_kb("VmHWM") - base_kb) / 1024
+    peak_mb = _peak_rss_growth_mb(run)
   times = []
   for _ in range(job["repeats"]):
     t0 = time.perf_counter()
