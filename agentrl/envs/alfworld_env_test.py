@@ -6,6 +6,7 @@ import tempfile
 from absl.testing import absltest
 
 from agentrl.envs import alfworld_env
+from agentrl.envs import testing
 
 try:
   alfworld_env.import_alfworld()
@@ -82,6 +83,11 @@ class AlfWorldEnvTest(absltest.TestCase):
     obs, reward, done, info = remote.step("take apple\x00")
     self.assertEqual((reward, done, info["unsafe_action"]), (0.0, False, True))
     self.assertIn("'\\x00'", obs)
+
+  def test_episode_and_seed_contract(self):
+    env = alfworld_env.AlfWorldEnv(game_files=[self.env.game_file(0)], max_turns=2)
+    self.addCleanup(env.close)
+    testing.assert_env_contract(self, env, action="look")
 
   def test_bad_task_type(self):
     with self.assertRaisesRegex(ValueError, "pick_and_place_simple"):

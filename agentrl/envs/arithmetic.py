@@ -95,13 +95,13 @@ class ArithmeticEnv:
     self.system_prompt = INSTRUCT_SYSTEM if style == "instruct" else ""
     self._problem = None
 
+  @base.episode_reset
   def reset(self, seed: int) -> str:
     self._problem = make_problem(seed, **self._kwargs)
     return self._problem["prompt"]
 
+  @base.episode_step
   def step(self, action: str) -> base.StepResult:
-    if self._problem is None:
-      raise RuntimeError("ArithmeticEnv.step() called before reset(seed).")
     reward, error = score(action, self._problem["answer"], style=self._kwargs["style"])
     return "", reward, True, base.make_info(reward=reward, success=reward == 1.0, error=error,
                                             target=self._problem["answer"])

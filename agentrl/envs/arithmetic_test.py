@@ -6,6 +6,7 @@ from absl.testing import parameterized
 
 from agentrl.data import generators
 from agentrl.envs import arithmetic
+from agentrl.envs import testing
 
 
 def _operands(prompt):
@@ -71,6 +72,7 @@ class ArithmeticEnvTest(absltest.TestCase):
     answer = arithmetic.make_problem(0)["answer"]
     _, reward, done, info = env.step(answer[::-1] + "1")
     self.assertEqual((reward, done, info["success"]), (0.0, True, False))
+    env.reset(0)
     _, reward, _, info = env.step("  ")
     self.assertEqual(reward, 0.0)
     self.assertIn("empty", info["error"])
@@ -84,9 +86,11 @@ class ArithmeticEnvTest(absltest.TestCase):
     env.reset(1)
     self.assertEqual(env.step(f"<answer>{a * b + 1}</answer>")[1], 0.0)
 
-  def test_step_before_reset_raises(self):
-    with self.assertRaisesRegex(RuntimeError, "reset"):
-      arithmetic.ArithmeticEnv().step("1")
+  def test_episode_and_seed_contract(self):
+    # The correct answer repeated after done paid 1.0 again; reset(-7) played seed 7's problem.
+    for style in arithmetic.STYLES:
+      testing.assert_env_contract(self, arithmetic.ArithmeticEnv(style=style), action="0",
+                                  answer=lambda env, info: info["target"])
 
 
 class SupervisedDataTest(absltest.TestCase):

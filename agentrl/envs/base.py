@@ -13,8 +13,8 @@ for any env wrapped in `agentrl.envs.safe.SafeEnv`:
 
   - `env.system_prompt: str`  instructions to put in the system message ("" if none).
   - `env.max_turns: int >= 1` the env returns done=True at the latest on that step.
-  - `reset(seed: int) -> str` is deterministic in `seed` (same seed, same task, same
-    observations for the same actions). It may be called again to start a new episode.
+  - `reset(seed) -> str` starts a new episode, whatever came before, and is deterministic in
+    `seed` (same seed, same task, same observations for the same actions).
   - `step(action: str)` returns (observation: str, reward: float, done: bool, info: dict):
       observation  the env's reply, to be tokenized as context (loss_mask 0); may be "" when
                    done.
@@ -31,9 +31,26 @@ for any env wrapped in `agentrl.envs.safe.SafeEnv`:
     observation with info["error"] set and a zero or small negative reward. Env bugs may still
     raise; `SafeEnv` turns those into error observations too and counts them.
 
-Only actions after `reset` and before done are defined; `SafeEnv` answers others with an error
-observation.
+Seeds. A seed is an int in [0, SEED_LIMIT): a Python int or a numpy integer, never a bool,
+float, str or None. Anything else makes reset raise ValueError naming the seed (`check_seed`):
+a negative seed does not alias a positive one, a float or a str does not alias an int, and
+None does not mean "random" (every episode is reproducible from its seed). SEED_LIMIT is
+2**32, the range numpy's seeding accepts, which TextWorld's game generator and some
+reasoning-gym generators use; the training, held-out, SFT and validation seed ranges
+(agentrl/data/generators.py, envs/arithmetic.py) lie below it.
+
+Episodes. An episode is open from a reset that returned until a step that returned done=True
+(or raised). A step outside an episode (before any reset, after done, or after a reset that
+raised) pays nothing and changes nothing: it returns `outside_episode()`, an error observation
+with reward 0.0, done=True and info["error"] set, as `SafeEnv` does, and never raises. A reset
+that raises (a bad seed, a failed game generation) leaves no episode open, so the previous
+episode cannot go on. Every built-in env and wrapper (BudgetEnv, ThinkerEnv, IsolatedEnv) gets
+both rules, and the seed check, from the `episode_reset` and `episode_step` decorators on its
+reset and step; an env of your own can use them too (SafeEnv enforces the episode rule on any
+env it wraps).
 """
+import functools
+import numbers
 from typing import Any, Protocol, runtime_checkable
 
 Info = dict[str, Any]
@@ -43,6 +60,10 @@ SUCCESS = "success"
 ERROR = "error"
 REWARD = "reward"
 REQUIRED_INFO_KEYS = (SUCCESS, ERROR, REWARD)
+SEED_LIMIT = 2**32
+NO_EPISODE = ("no episode: step() came before reset(seed), after the episode ended or after a "
+              "reset that failed")
+_OPEN = "_episode_open"  # the env attribute `episode_reset` and `episode_step` keep
 
 
 @runtime_checkable
@@ -62,3 +83,51 @@ class Env(Protocol):
 def make_info(*, reward: float, success: bool = False, error: str = "", **extra) -> Info:
   """The info dict of one step, with the required keys first."""
   return {SUCCESS: bool(success), ERROR: str(error), REWARD: float(reward), **extra}
+
+
+def error_result(message: str, reward: float = 0.0) -> StepResult:
+  """A step result that ends the episode with an error observation and `reward`."""
+  return f"Error: {message}", reward, True, make_info(reward=reward, error=message)
+
+
+def outside_episode() -> StepResult:
+  """What a step outside an episode returns (module docstring, "Episodes")."""
+  return error_result(NO_EPISODE)
+
+
+def check_seed(seed: Any) -> int:
+  """`seed` as a Python int; ValueError unless it is an int in [0, SEED_LIMIT) (module doc)."""
+  if (isinstance(seed, bool) or not isinstance(seed, numbers.Integral)
+      or not 0 <= seed < SEED_LIMIT):
+    raise ValueError(f"seed={seed!r:.50} is not a valid seed: use an int in [0, 2**32) (a "
+                     "Python or numpy integer; not negative, a bool, a float, a str or None).")
+  return int(seed)
+
+
+def episode_reset(reset):
+  """Decorates an env's reset: checks the seed, and opens an episode only if reset returns."""
+
+  @functools.wraps(reset)
+  def checked_reset(self, seed):
+    setattr(self, _OPEN, False)  # a reset that raises leaves no episode, whatever came before
+    obs = reset(self, check_seed(seed))
+    setattr(self, _OPEN, True)
+    return obs
+
+  return checked_reset
+
+
+def episode_step(step):
+  """Decorates an env's step: outside an episode it returns `outside_episode()` without
+  calling `step`; a step that returns done (or raises) closes the episode."""
+
+  @functools.wraps(step)
+  def checked_step(self, action):
+    if not getattr(self, _OPEN, False):
+      return outside_episode()
+    setattr(self, _OPEN, False)
+    result = step(self, action)
+    setattr(self, _OPEN, not result[2])
+    return result
+
+  return checked_step

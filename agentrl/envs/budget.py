@@ -54,8 +54,12 @@ class BudgetEnv:
   def max_turns(self) -> int:
     return int(getattr(self.env, "max_turns", 1))
 
+  # The contract holds whatever `env` does: a seed is checked before `env` sees it, and `env`
+  # is not stepped outside an episode.
+  @base.episode_reset
   def reset(self, seed: int) -> str:
     return self.env.reset(seed) + self.suffix
 
+  @base.episode_step
   def step(self, action: str) -> base.StepResult:
     return self.env.step(action)

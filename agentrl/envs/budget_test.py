@@ -4,9 +4,12 @@ from absl.testing import absltest
 from agentrl.envs import base
 from agentrl.envs import budget
 from agentrl.envs import safe
+from agentrl.envs import testing
 
 
 class EchoEnv:
+  """Pays "answer" whenever it comes, and takes any seed: BudgetEnv keeps the contract."""
+
   system_prompt = "Solve it."
   max_turns = 1
 
@@ -38,6 +41,10 @@ class BudgetTest(absltest.TestCase):
     self.assertTrue(wrapped.step("answer")[2])
     with self.assertRaisesRegex(ValueError, "budget"):
       budget.BudgetEnv(EchoEnv(), 0)
+
+  def test_episode_and_seed_contract(self):
+    testing.assert_env_contract(self, budget.BudgetEnv(EchoEnv(), 512), action="x",
+                                answer=lambda env, info: "answer")
 
 
 if __name__ == "__main__":

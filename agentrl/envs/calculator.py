@@ -10,8 +10,10 @@ tree, accepting ONLY: int/float literals (not bool/complex/str), parentheses, un
 and the binary operators + - * / // % **. Every other node (names, calls, attributes,
 subscripts, comparisons, lambdas, comprehensions, bit operators, ...) is an error. Sizes are
 bounded before computing: exponents by MAX_EXPONENT, integer results by MAX_BITS bits (so
-"2**10**10" is rejected without being computed), input length by MAX_CHARS, nesting by
-MAX_DEPTH.
+"2**10**10" is rejected without being computed; so is a long flat product, factor by
+factor), input length by MAX_CHARS, nesting by MAX_DEPTH. Nesting is the depth of right
+operands and unary operands ("1-(2-(3-4))", "-(-3)", a power tower "2**3**2"); a chain whose
+left operands nest, "9*9*...*9" or "((1-2)-3)-4", is one level whatever its length.
 """
 import ast
 import math
@@ -73,21 +75,36 @@ def _binop(op: ast.operator, left, right):
 
 
 def _eval(node: ast.AST, depth: int):
+  """Value of `node`, which sits under `depth` levels of nesting (see `evaluate`).
+
+  A chain of binary operators parses as a left-leaning tree, ((a * b) * c) * d: its left
+  spine is walked in a loop, not by recursion, so a flat chain costs one level however long
+  it is. Right operands and unary operands are one level deeper; this recursion is the only
+  one, and MAX_DEPTH bounds it.
+  """
   if depth > MAX_DEPTH:
-    raise CalcError("expression nested too deeply")
-  if isinstance(node, ast.Expression):
-    return _eval(node.body, depth + 1)
+    raise CalcError(f"expression nested too deeply (more than {MAX_DEPTH} levels)")
+  spine = []
+  while isinstance(node, ast.BinOp) and type(node.op) in _BINOPS:
+    spine.append(node)
+    node = node.left
   if isinstance(node, ast.Constant) and type(node.value) in (int, float):
-    return _check_size(node.value)
-  if isinstance(node, ast.UnaryOp) and type(node.op) in _UNARY:
-    return _UNARY[type(node.op)](_eval(node.operand, depth + 1))
-  if isinstance(node, ast.BinOp) and type(node.op) in _BINOPS:
-    return _binop(node.op, _eval(node.left, depth + 1), _eval(node.right, depth + 1))
+    value = _check_size(node.value)
+  elif isinstance(node, ast.UnaryOp) and type(node.op) in _UNARY:
+    value = _UNARY[type(node.op)](_eval(node.operand, depth + 1))
+  else:
+    raise _unsupported(node)
+  for binop in reversed(spine):  # innermost first: left to right in the text
+    value = _binop(binop.op, value, _eval(binop.right, depth + 1))
+  return value
+
+
+def _unsupported(node: ast.AST) -> CalcError:
   what = type(node.op).__name__ if isinstance(node, (ast.BinOp, ast.UnaryOp)) else (
       type(node).__name__)
   hint = " (use ** for powers)" if what == "BitXor" else ""
-  raise CalcError(f"unsupported syntax: {what}{hint}; only numbers, + - * / // % ** and "
-                  "parentheses are allowed")
+  return CalcError(f"unsupported syntax: {what}{hint}; only numbers, + - * / // % ** and "
+                   "parentheses are allowed")
 
 
 def evaluate(expr: str) -> int | float:
@@ -103,7 +120,7 @@ def evaluate(expr: str) -> int | float:
     tree = ast.parse(expr, mode="eval")
   except (SyntaxError, ValueError, RecursionError, MemoryError) as e:
     raise CalcError(f"cannot parse expression ({type(e).__name__})") from e
-  return _eval(tree, 0)
+  return _eval(tree.body, 0)
 
 
 def format_number(value: int | float) -> str:
@@ -150,6 +167,7 @@ class CalculatorEnv:
     self.format_penalty = format_penalty
     self._problem, self._turn, self._calls, self._errors = None, 0, 0, 0
 
+  @base.episode_reset
   def reset(self, seed: int) -> str:
     self._problem = make_problem(seed, **self._kwargs)
     self._turn, self._calls, self._errors = 0, 0, 0
@@ -159,9 +177,8 @@ class CalculatorEnv:
     return base.make_info(reward=reward, tool_calls=self._calls, tool_errors=self._errors,
                           target=self._problem["answer"], **kwargs)
 
+  @base.episode_step
   def step(self, action: str) -> base.StepResult:
-    if self._problem is None:
-      raise RuntimeError("CalculatorEnv.step() called before reset(seed).")
     self._turn += 1
     out_of_turns = self._turn >= self.max_turns
     action = extract.cap(action)  # the parsers below see a bounded, linear-time input

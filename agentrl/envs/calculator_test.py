@@ -6,6 +6,7 @@ from absl.testing import absltest
 from absl.testing import parameterized
 
 from agentrl.envs import calculator
+from agentrl.envs import testing
 
 # One example per non-arithmetic node type. The test below checks that this covers every
 # ast.expr / ast.operator / ast.unaryop subclass of the running Python except the allowed ones.
@@ -67,6 +68,21 @@ class EvaluateTest(parameterized.TestCase):
       calculator.evaluate(expr)
     self.assertLess(time.monotonic() - start, 1.0)
 
+  @parameterized.parameters(("*".join(["2"] * 60), 2**60), ("+".join(["9"] * 100), 900),
+                            ("-".join(["1"] * 100), -98), ("/".join(["1"] * 50), 1.0),
+                            ("2**" + "1**" * 30 + "1", 2), ("-(" * 16 + "3" + ")" * 16, 3))
+  def test_flat_chains_are_not_nesting(self, expr, want):
+    # A flat product of 40 factors was "nested too deeply": each BinOp of the chain counted.
+    self.assertEqual(calculator.evaluate(expr), want)
+
+  @parameterized.parameters(("*".join(["9"] * 100), "too large"),
+                            ("*".join(["9" * 9] * 20), "too large"),
+                            ("*".join(["1e300"] * 20), "finite"),
+                            ("2**" * 40 + "1", "nested"), ("1-(" * 40 + "1" + ")" * 40, "nested"))
+  def test_flat_chains_stay_bounded(self, expr, message):
+    with self.assertRaisesRegex(calculator.CalcError, message):
+      calculator.evaluate(expr)
+
   def test_format_number(self):
     self.assertEqual(calculator.format_number(4.0), "4")
     self.assertEqual(calculator.format_number(3.5), "3.5")
@@ -74,6 +90,11 @@ class EvaluateTest(parameterized.TestCase):
 
 
 class CalculatorEnvTest(absltest.TestCase):
+
+  def test_episode_and_seed_contract(self):
+    # After done, "<answer>gold</answer>" paid 1.0 again on every repeat.
+    testing.assert_env_contract(self, calculator.CalculatorEnv(max_turns=2), action="1+1",
+                                answer=lambda env, info: f"<answer>{info['target']}</answer>")
 
   def test_tool_call_then_gold_answer(self):
     env = calculator.CalculatorEnv()

@@ -268,16 +268,16 @@ class HiddenRuleEnv:
       raise ValueError(f"closeness_reward must be in [0, 1) so that a solve (1.0) beats any "
                        f"failure, got {closeness_reward}.")
     self.style, self.closeness_reward = style, closeness_reward
-    self._game, self._turn, self._done = None, 0, False
+    self._game, self._turn = None, 0
 
   def _draw(self, seed: int) -> _Game:
     rng = random.Random(seed)
     family = rng.choice(FAMILIES) if self.family == "mixed" else self.family
     return _MAKERS[family](rng, self.style == "compact")
 
+  @base.episode_reset
   def reset(self, seed: int) -> str:
-    self._game = self._draw(seed)
-    self._turn, self._done = 0, False
+    self._game, self._turn = self._draw(seed), 0
     if self.style == "compact":
       return f"{self._game.intro} ({self.max_turns} turns)"
     return f"{self._game.intro}\nYou have {self.max_turns} turns."
@@ -317,7 +317,6 @@ class HiddenRuleEnv:
     return f"{'answer' if self._game.ends_on_answer else self._game.verb} {answer}"
 
   def _end(self, obs: str, reward: float, *, success: bool, error: str = ""):
-    self._done = True
     if not success:
       obs = f"{obs} The answer was {self._game.answer}.".strip()
       if self.closeness_reward and self._game.closeness is not None:
@@ -325,9 +324,8 @@ class HiddenRuleEnv:
     return obs, reward, True, base.make_info(reward=reward, success=success, error=error,
                                              turns=self._turn)
 
+  @base.episode_step
   def step(self, action: str) -> base.StepResult:
-    if self._game is None or self._done:
-      raise RuntimeError("HiddenRuleEnv.step() needs reset(seed) before each episode.")
     self._turn += 1
     game, last = self._game, self._turn >= self.max_turns
     command = parse_command(action)

@@ -8,6 +8,7 @@ from absl.testing import absltest
 from absl.testing import parameterized
 
 from agentrl.envs import hidden_rule
+from agentrl.envs import testing
 
 
 def _solve_transform(env, intro):
@@ -85,6 +86,12 @@ class HiddenRuleTest(parameterized.TestCase):
     obs, reward, done, info = env.step(f"test {probe}")
     self.assertRegex(obs, rf"^{probe} (follows|does not follow) the rule\.$")
     self.assertEqual((reward, done, info["error"]), (0.0, False, ""))
+
+  @parameterized.parameters(*hidden_rule.FAMILIES)
+  def test_episode_and_seed_contract(self, family):
+    # A step after done raised RuntimeError; reset(-7) played seed 7's game.
+    testing.assert_env_contract(self, hidden_rule.HiddenRuleEnv(family, max_turns=2),
+                                action="dance", answer=lambda env, info: env.gold_action)
 
   def test_deterministic_per_seed(self):
     env = hidden_rule.HiddenRuleEnv()

@@ -212,7 +212,6 @@ class IsolatedEnv:
     self._slot = []  # the current worker, if any; shared with the finalizer, never self
     self._finalizer = weakref.finalize(self, _release, self._blueprint, self._slot)
     self._finalizer.atexit = False  # at exit, _kill_all ends every worker
-    self._in_episode = False
     worker = self._worker()  # a bad make_env fails here, as it would in-process
     self.system_prompt: str = worker.system_prompt
     self.max_turns: int = worker.max_turns
@@ -232,19 +231,16 @@ class IsolatedEnv:
       return worker.call(method, arg, timeout_s)
     except (safe.EnvTimeout, safe.EnvCrash):
       self._slot.clear()  # already killed; the next reset starts a fresh worker
-      self._in_episode = False
       raise
 
+  # The episode is tracked here, not only in the worker: a reused worker may hold another
+  # env's unfinished episode, and after a timeout or a crash this episode is over.
+  @base.episode_reset
   def reset(self, seed: int) -> str:
-    self._in_episode = False
-    obs = self._call("reset", seed, self.reset_timeout_s)
-    self._in_episode = True
-    return obs
+    return self._call("reset", seed, self.reset_timeout_s)
 
+  @base.episode_step
   def step(self, action: str) -> base.StepResult:
-    if not self._in_episode:  # a reused worker may hold another env's unfinished episode
-      raise RuntimeError("IsolatedEnv.step() needs reset(seed) first (after a timeout or a "
-                         "crash the episode is over).")
     return self._call("step", action, self.timeout_s)
 
   def close(self) -> None:

@@ -81,10 +81,16 @@ class IsolatedEnvTest(parameterized.TestCase):
 
   def test_hung_reset_is_an_error_observation(self):
     env = safe.SafeEnv(isolated.IsolatedEnv(testing.ToyEnv, reset_timeout_s=0.5))
-    self.assertIn("did not answer", env.reset(-1))  # ToyEnv.reset sleeps for seed < 0
+    self.assertIn("did not answer", env.reset(testing.HANG_SEED))  # ToyEnv.reset sleeps
     self.assertTrue(env.step("win")[2])
     self.assertEqual((env.counters["env_timeouts"], env.counters["steps_after_done"]), (1, 1))
     self.assertTrue(env.reset(2).startswith("start 2"))
+
+  def test_episode_and_seed_contract(self):
+    # ToyEnv pays "win" whenever it comes and takes any seed; IsolatedEnv keeps the contract.
+    env = isolated.IsolatedEnv(testing.ToyEnv)
+    self.addCleanup(env.close)
+    testing.assert_env_contract(self, env, action="win", answer=lambda env, info: "win")
 
   def test_env_exception_is_raised_and_the_worker_survives(self):
     env = isolated.IsolatedEnv(testing.ToyEnv)
@@ -117,8 +123,7 @@ class IsolatedEnvTest(parameterized.TestCase):
     with self.assertRaisesRegex(RuntimeError, "closed"):
       env.reset(0)
     env = isolated.IsolatedEnv(testing.ToyEnv)
-    with self.assertRaisesRegex(RuntimeError, "reset"):
-      env.step("win")  # the reused worker's env is mid-episode; this env is not
+    testing.assert_no_episode(self, env, "win")  # the reused worker's env is mid-episode
     self.assertEqual(_pid(env.reset(0)), pid)
     del env  # garbage-collected: the worker goes back to the pool
     other = isolated.IsolatedEnv(functools.partial(testing.ToyEnv, max_turns=2))

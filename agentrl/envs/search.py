@@ -170,6 +170,7 @@ class SearchEnv:
     self.max_query_chars = max_query_chars
     self.question, self._turn, self._searches = None, 0, 0
 
+  @base.episode_reset
   def reset(self, seed: int) -> str:
     self.question = search_corpus.make_question(self.corpus, seed, self.question_kind)
     self._turn, self._searches = 0, 0
@@ -189,9 +190,8 @@ class SearchEnv:
       return "the query has no searchable words"
     return ""
 
+  @base.episode_step
   def step(self, action: str) -> base.StepResult:
-    if self.question is None:
-      raise RuntimeError("SearchEnv.step() called before reset(seed).")
     self._turn += 1
     last = self._turn >= self.max_turns
     parsed = first_action(action)

@@ -12,6 +12,7 @@ from agentrl.envs import registry
 from agentrl.envs import safe
 from agentrl.envs import search
 from agentrl.envs import search_corpus
+from agentrl.envs import testing
 
 
 class AnswerMetricTest(parameterized.TestCase):
@@ -97,6 +98,12 @@ class IndexTest(absltest.TestCase):
 
 
 class SearchEnvTest(parameterized.TestCase):
+
+  def test_episode_and_seed_contract(self):
+    # After done, the gold answer paid its EM (1.0) again on every repeat.
+    testing.assert_env_contract(
+        self, search.SearchEnv(corpus_size=20, max_turns=2), action="<search>x</search>",
+        answer=lambda env, info: f"<answer>{info['answers'][0]}</answer>")
 
   def test_gold_search_path_solves_every_question(self):
     env = search.SearchEnv()

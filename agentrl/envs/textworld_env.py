@@ -209,7 +209,7 @@ class TextWorldEnv:
     self.policy_commands = policy_commands
     self._games = collections.OrderedDict()  # path -> started game, reused across resets
     self._game, self._state = None, None
-    self._turn, self._score, self._done = 0, 0.0, True
+    self._turn, self._score = 0, 0.0
 
   def game_file(self, seed: int) -> str:
     if self.game_files is not None:
@@ -234,6 +234,7 @@ class TextWorldEnv:
       obs += "\nValid commands: " + ", ".join(self._state.get("admissible_commands") or [])
     return obs
 
+  @base.episode_reset
   def reset(self, seed: int) -> str:
     path = self.game_file(seed)
     if path not in self._games:
@@ -243,34 +244,32 @@ class TextWorldEnv:
     self._games.move_to_end(path)
     self._game = self._games[path]
     self._state = self._game.reset()
-    self._turn, self._score, self._done = 0, float(self._state.get("score") or 0), False
+    self._turn, self._score = 0, float(self._state.get("score") or 0)
     return self._observation(self._state.feedback, done=False)
 
+  @base.episode_step
   def step(self, action: str) -> base.StepResult:
-    if self._game is None or self._done:
-      raise RuntimeError("TextWorldEnv.step() needs reset(seed) before each episode.")
     self._turn += 1
     command = parse_command(action)
     valid = list(self._state.get("admissible_commands") or [])
     unsafe = unsafe_command(command)
     if not command or unsafe:
       # Not sent to the game: the turn is spent with an error observation.
-      self._done = self._turn >= self.max_turns
       error = unsafe or "empty command; reply with one game command"
       info = self._info(0.0, command[:MAX_COMMAND_CHARS], valid, error=error,
                         unsafe=bool(unsafe))
-      return f"Error: {error}.", 0.0, self._done, info
+      return f"Error: {error}.", 0.0, self._turn >= self.max_turns, info
     self._state, step_score, done = self._game.step(command)
     score = float(self._state.get("score") if self._state.get("score") is not None
                   else step_score)
     max_score = float(self._state.get("max_score") or 1.0)
     reward, self._score = (score - self._score) / max_score, score
     won, lost = bool(self._state.get("won")), bool(self._state.get("lost"))
-    self._done = bool(done) or won or lost or self._turn >= self.max_turns
+    done = bool(done) or won or lost or self._turn >= self.max_turns
     error = "" if command in valid else f"'{command}' is not an admissible command"
     info = self._info(reward, command, list(self._state.get("admissible_commands") or []),
                       error=error, success=won, lost=lost)
-    return self._observation(self._state.feedback, self._done), reward, self._done, info
+    return self._observation(self._state.feedback, done), reward, done, info
 
   def _info(self, reward, command, valid, unsafe=False, **kwargs) -> base.Info:
     state = self._state

@@ -114,6 +114,12 @@ class TextWorldEnvTest(absltest.TestCase):
     self.assertEqual(sorted(os.listdir(self.pool)),
                      sorted([os.path.basename(path), os.path.basename(path)[:-3] + ".json"]))
 
+  def test_episode_and_seed_contract(self):
+    # After a failed reset(-1), step() played on in the previous episode's game.
+    env = textworld_env.TextWorldEnv(game_files=[self.game], max_turns=2)
+    self.addCleanup(env.close)
+    testing.assert_env_contract(self, env, action="look")
+
   def test_invalid_and_empty_commands_and_turn_limit(self):
     env = safe.SafeEnv(textworld_env.TextWorldEnv(
         game_files=[self.env.game_file(0)], max_turns=3))

@@ -73,7 +73,7 @@ class ThinkerEnv:
     thoughts = {"every": max_turns - first, "once": 1, "never": 0}[schedule]
     self.max_turns = max_turns + thoughts   # model turns (envs/base.py contract)
     self._think_at: set[int] = set()
-    self._played, self._awaiting, self._started = 0, False, False
+    self._played, self._awaiting = 0, False
 
   @property
   def system_prompt(self) -> str:
@@ -87,9 +87,10 @@ class ThinkerEnv:
       return set(range(self.first, self.game_turns))
     return {random.Random(seed * 1_000_003 + _ONCE_SALT).randrange(self.first, self.game_turns)}
 
+  @base.episode_reset
   def reset(self, seed: int) -> str:
     obs = self.game.reset(seed)
-    self._think_at, self._played, self._started = self.think_turns(seed), 0, True
+    self._think_at, self._played = self.think_turns(seed), 0
     return self._cue(obs)
 
   def _cue(self, obs: str) -> str:
@@ -97,9 +98,8 @@ class ThinkerEnv:
     self._awaiting = self._played in self._think_at
     return f"{obs} {THINK_CUE[self.style]}" if self._awaiting else obs
 
+  @base.episode_step
   def step(self, action: str) -> base.StepResult:
-    if not self._started:
-      raise RuntimeError("ThinkerEnv.step() needs reset(seed) first.")
     if self._awaiting:   # a thought: kept in the transcript, no game turn used
       self._awaiting = False
       # thought_correct: the thought states the ideal player's belief (a diagnostic only:
@@ -109,10 +109,7 @@ class ThinkerEnv:
                                                              thought_correct=correct)
     obs, reward, done, info = self.game.step(action)
     self._played += 1
-    if done:
-      self._started = False
-      return obs, reward, done, {**info, "thought": False}
-    return self._cue(obs), reward, done, {**info, "thought": False}
+    return (obs if done else self._cue(obs)), reward, done, {**info, "thought": False}
 
   def demonstration(self, seed: int, rng: random.Random, *, noise: float = 0.0) -> list[str]:
     """The expert's commands (hidden_rule, `noise` as there) with the ideal thought (the game's

@@ -7,6 +7,7 @@ from absl.testing import parameterized
 import numpy as np
 
 from agentrl.envs import hidden_rule
+from agentrl.envs import testing
 from agentrl.envs import thinker
 
 
@@ -121,8 +122,12 @@ class ThinkerEnvTest(parameterized.TestCase):
       thinker.ThinkerEnv(schedule="sometimes")
     with self.assertRaisesRegex(ValueError, "first"):
       thinker.ThinkerEnv(max_turns=3, first=3)
-    with self.assertRaisesRegex(RuntimeError, "reset"):
-      thinker.ThinkerEnv().step("guess 5")
+
+  @parameterized.parameters(*thinker.SCHEDULES)
+  def test_episode_and_seed_contract(self, schedule):
+    env = thinker.ThinkerEnv(max_turns=2, first=1, schedule=schedule)
+    testing.assert_env_contract(self, env, action="guess 0",
+                                answer=lambda env, info: env.gold_action)
 
 
 class KeepOneThoughtTest(absltest.TestCase):

@@ -333,6 +333,7 @@ class ToolUseEnv:
     self.task, self.max_turns, self.format_penalty = task, max_turns, format_penalty
     self._task, self._turn, self._calls, self._errors = None, 0, 0, 0
 
+  @base.episode_reset
   def reset(self, seed: int) -> str:
     self._task = make_task(seed, self.task)
     self._turn, self._calls, self._errors = 0, 0, 0
@@ -371,9 +372,8 @@ class ToolUseEnv:
                           tool_calls=self._calls, tool_errors=self._errors,
                           target=self._task.answer, turn=self._turn, **kwargs)
 
+  @base.episode_step
   def step(self, action: str) -> base.StepResult:
-    if self._task is None:
-      raise RuntimeError("ToolUseEnv.step() called before reset(seed).")
     self._turn += 1
     last = self._turn >= self.max_turns
     action = extract.cap(action)  # the scans below see a bounded, linear-time input

@@ -10,6 +10,7 @@ from absl.testing import parameterized
 from agentrl.envs import base
 from agentrl.envs import registry
 from agentrl.envs import safe
+from agentrl.envs import testing
 from agentrl.envs import tool_use
 
 
@@ -197,6 +198,11 @@ class TaskTest(parameterized.TestCase):
     info["gold_calls"][0]["name"] = "x"
     self.assertNotEqual(env.gold_calls[0]["arguments"], {})
     self.assertNotEqual(env.gold_calls[0]["name"], "x")
+
+  def test_episode_and_seed_contract(self):
+    # After done, the gold answer paid 1.0 again on every repeat.
+    testing.assert_env_contract(self, tool_use.ToolUseEnv(max_turns=2), action="no call",
+                                answer=lambda env, info: f"<answer>{info['target']}</answer>")
 
   def test_bad_constructor_arguments(self):
     with self.assertRaisesRegex(ValueError, "task="):

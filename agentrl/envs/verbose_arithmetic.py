@@ -96,6 +96,7 @@ class VerboseArithmeticEnv:
     self.digits, self.train_size, self.budget_prompts = digits, train_size, budget_prompts
     self._problem = None
 
+  @base.episode_reset
   def reset(self, seed: int) -> str:
     """The problem's prompt; with probability `budget_prompts` (drawn from the seed) followed
     by a budget "[b]", b uniform in [1, 2 * response_tokens(digits)]."""
@@ -106,9 +107,8 @@ class VerboseArithmeticEnv:
       return self._problem["prompt"] + BUDGET_TEMPLATE.format(budget=budget)
     return self._problem["prompt"]
 
+  @base.episode_step
   def step(self, action: str) -> base.StepResult:
-    if self._problem is None:
-      raise RuntimeError("VerboseArithmeticEnv.step() called before reset(seed).")
     reward, error = score(action, self._problem["answer"])
     return "", reward, True, base.make_info(reward=reward, success=reward == 1.0, error=error,
                                             target=self._problem["answer"])

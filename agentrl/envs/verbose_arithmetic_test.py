@@ -6,6 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from agentrl.envs import arithmetic
+from agentrl.envs import testing
 from agentrl.envs import verbose_arithmetic as verbose
 
 
@@ -30,8 +31,10 @@ class ScoreTest(absltest.TestCase):
       _, reward, done, info = env.step("...>" + gold["answer"] + "..")
       self.assertEqual((reward, done, info["success"], info["target"]),
                        (1.0, True, True, gold["answer"]))
-    with self.assertRaisesRegex(RuntimeError, "before reset"):
-      verbose.VerboseArithmeticEnv().step("1")
+
+  def test_episode_and_seed_contract(self):
+    testing.assert_env_contract(self, verbose.VerboseArithmeticEnv(budget_prompts=0.5),
+                                action=".", answer=lambda env, info: info["target"])
 
 
 class DemonstrationTest(absltest.TestCase):
