@@ -20,7 +20,6 @@ artifact.
 are defined in `agentrl/rl_config.py` and re-exported here.
 """
 from collections.abc import Callable
-import dataclasses
 import functools
 import json
 import os
@@ -48,6 +47,7 @@ from agentrl.envs import registry
 from agentrl.envs import tool_use
 from agentrl.models import hf
 from agentrl.models import lora
+from agentrl.models import presets
 from agentrl.models import tokenizer as tokenizer_lib
 from agentrl.models import transformer
 # The config blocks live in rl_config; experiments use them as recipe.<name>.
@@ -124,6 +124,9 @@ def rg_kwargs(text: str) -> dict:
 
 def model_config(mc: mlc.ConfigDict, vocab: int) -> transformer.Config:
   """The typed transformer Config of a scratch config.model for a tokenizer of `vocab` ids."""
+  if mc.variant not in presets.PRESETS:
+    raise configs.ConfigError(f"config.model.variant={mc.variant!r} is not a model preset; "
+                              f"model.init='scratch' needs one of {sorted(presets.PRESETS)}")
   return transformer.Config.named(
       mc.variant, vocab=vocab, width=mc.width, depth=mc.depth, heads=mc.heads,
       kv_heads=mc.kv_heads, head_dim=mc.head_dim, mlp=mc.mlp,
@@ -177,24 +180,61 @@ def _episode_texts(env, seeds, *, bad: tuple) -> list[str]:
 
 def build_policy(config: mlc.ConfigDict, mesh) -> tuple[tokenizer_lib.Tokenizer,
                                                          nnx.GraphDef, nnx.State]:
-  """(tokenizer, graphdef, params) for config.model, params sharded on `mesh`."""
+  """(tokenizer, graphdef, params) for config.model, params sharded on `mesh`.
+
+  Every init refuses a tokenizer with more ids than the model has embedding rows
+  (`hf.check_vocab`); gguf/hf also refuse a model.variant that is not the file's architecture
+  (`check_variant`).
+  """
   mc, rules = config.model, config.sharding_rules
   if mc.init == "scratch":
     tok = task_tokenizer(config.task)
     cfg = model_config(mc, tok.vocab_size)
+    hf.check_vocab(cfg, tok, model=f"config.model (init='scratch', variant={mc.variant!r})",
+                   tokenizer=f"(built for task.name={config.task.name!r})")
     graphdef, params = sharding.create_sharded(
         lambda: transformer.Transformer(cfg, rngs=nnx.Rngs(config.seed)), mesh, rules)
     return tok, *_with_lora(config, mesh, cfg, graphdef, params)
   path = mc.path or hf.smollm2_path()
-  print(f"Loading {mc.variant} from {path} ({mc.dtype}) ...", flush=True)
+  check_variant(mc.variant, hf.config_of(path), path)
+  print(f"Loading {path} ({mc.dtype}) ...", flush=True)
   start = time.perf_counter()
-  tok = tokenizer_lib.load(path)
-  cfg, params = hf.load(path, dtype=mc.dtype)
-  cfg = dataclasses.replace(cfg, unroll_layers=mc.get("unroll_layers", False))
-  print(f"Loaded in {time.perf_counter() - start:.0f}s.", flush=True)
-  graphdef = nnx.split(nnx.eval_shape(lambda: transformer.Transformer(cfg, rngs=nnx.Rngs(0))))[0]
+  tok, cfg, graphdef, params = hf.load_with_tokenizer(
+      path, dtype=mc.dtype, unroll_layers=mc.get("unroll_layers", False))
+  print(f"Loaded {_preset_of(cfg) or 'a model'} ({_architecture(cfg)}; vocab={cfg.vocab}, "
+        f"tokenizer {tok.vocab_size} ids) in {time.perf_counter() - start:.0f}s.", flush=True)
   params = sharding.reshard(params, sharding.tree_shardings(params, mesh, rules))
   return tok, *_with_lora(config, mesh, cfg, graphdef, params)
+
+
+def _architecture(cfg: transformer.Config) -> str:
+  return ", ".join([cfg.family] + [f"{k}={getattr(cfg, k)}" for k in presets.ARCHITECTURE])
+
+
+def _preset_of(cfg: transformer.Config) -> str | None:
+  """The first preset with `cfg`'s architecture, or None."""
+  return next((name for name in presets.PRESETS
+               if _architecture(transformer.Config.named(name)) == _architecture(cfg)), None)
+
+
+def check_variant(variant: str, cfg: transformer.Config, path: str) -> None:
+  """ConfigError unless config.model.variant is "auto" or the preset of the file's architecture.
+
+  A pretrained model's size comes from its file; the variant only names it (in config.json and
+  the logs), so a variant the file contradicts would mislabel the run.
+  """
+  if variant == "auto":
+    return
+  if variant not in presets.PRESETS:
+    raise configs.ConfigError(f"config.model.variant={variant!r} is neither 'auto' nor a model "
+                              f"preset ({sorted(presets.PRESETS)})")
+  want = _architecture(transformer.Config.named(variant))
+  if want != _architecture(cfg):
+    match = _preset_of(cfg)
+    fix = (f"--config.model.variant={match}, the preset it matches, or auto" if match
+           else "--config.model.variant=auto (no preset matches it)")
+    raise configs.ConfigError(f"config.model.variant={variant!r} ({want}) does not match {path}, "
+                              f"which holds ({_architecture(cfg)}); set {fix}")
 
 
 def _with_lora(config: mlc.ConfigDict, mesh, cfg, graphdef, params):

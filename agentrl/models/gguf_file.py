@@ -36,6 +36,10 @@ class ModelFileError(ValueError):
   """A model file is empty, truncated or corrupt; the message names the file and the fix."""
 
 
+class MissingFileError(ModelFileError, FileNotFoundError):
+  """A model or tokenizer file that is not there (also a FileNotFoundError)."""
+
+
 _REFETCH = "re-download or re-export the model"
 
 

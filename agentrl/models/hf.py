@@ -3,6 +3,7 @@
   cfg, params = hf.load("path/to/hf_dir")          # config.json + model.safetensors[.index.json]
   cfg, params = hf.load(hf.smollm2_path())         # a GGUF file, dequantized to float
   model = hf.load_model(path, dtype="float32")     # the same, merged into a Transformer
+  tok, cfg, graphdef, params = hf.load_with_tokenizer(path)  # + its tokenizer, sizes checked
   hf.save(cfg, params, "out_dir")                  # loads back in transformers
 
 Supported: LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, GemmaForCausalLM,
@@ -26,9 +27,11 @@ import numpy as np
 from agentrl.models import gguf_file
 from agentrl.models import hf_config
 from agentrl.models import safetensors_file
+from agentrl.models import tokenizer as tokenizer_lib
 from agentrl.models import transformer
 
-# Raised for an empty, truncated or corrupt GGUF or safetensors file; names the file.
+# Raised for an empty, truncated, corrupt or unsupported model or tokenizer file, and for a
+# tokenizer with more ids than the model has rows; names the file(s).
 ModelFileError = gguf_file.ModelFileError
 
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -217,20 +220,20 @@ def _read(source, cfg: transformer.Config):
       name = template.format(i=i)
       actual = alias(name)
       if actual is None:
-        raise ValueError(f"{source.where} is missing tensor {name!r} (expected shape "
-                         f"{_hf_shape(kind, shape)}) for {_describe(cfg)}.")
+        raise ModelFileError(f"{source.where} is missing tensor {name!r} (expected shape "
+                             f"{_hf_shape(kind, shape)}) for {_describe(cfg)}.")
       if source.shape(actual) != _hf_shape(kind, shape):
-        raise ValueError(f"Tensor {source.display(actual)!r} in {source.where} has shape "
-                         f"{source.shape(actual)}, expected {_hf_shape(kind, shape)} for "
-                         f"{_describe(cfg)}.")
+        raise ModelFileError(f"Tensor {source.display(actual)!r} in {source.where} has shape "
+                             f"{source.shape(actual)}, expected {_hf_shape(kind, shape)} for "
+                             f"{_describe(cfg)}.")
       used.add(actual)
       arrays.append(np.asarray(_to_ours(kind, source.get(actual), shape), cfg.param_dtype))
     _set(values, path, jnp.asarray(np.stack(arrays) if per_layer else arrays[0]))
   unused = sorted(n for n in available - used if not _ignorable(n, cfg))
   if unused:
-    raise ValueError(f"{source.where} has {len(unused)} tensor(s) the {cfg.family} decoder does "
-                     f"not use, e.g. {[source.display(n) for n in unused[:4]]}: the config does "
-                     "not match the weights.")
+    raise ModelFileError(f"{source.where} has {len(unused)} tensor(s) the {cfg.family} decoder "
+                         f"does not use, e.g. {[source.display(n) for n in unused[:4]]}: the "
+                         "config does not match the weights.")
   nnx.replace_by_pure_dict(state, values)
   return graphdef, state
 
@@ -265,23 +268,78 @@ def _describe(cfg: transformer.Config) -> str:
 # ------------------------------------------------------------------------------------------
 
 
-def _load(path, overrides):
+def _config(path, overrides):
+  """(Config, tensor source) of an HF directory or a GGUF file; no tensor is read yet."""
   path = os.fspath(path)
   if not os.path.exists(path):
-    raise FileNotFoundError(f"No checkpoint at {path!r}: expected an HF model directory "
-                            "(config.json + safetensors) or a .gguf file.")
+    raise gguf_file.MissingFileError(f"No checkpoint at {path!r}: expected an HF model directory "
+                                     "(config.json + safetensors) or a .gguf file.")
   if os.path.isdir(path):
     config_path = os.path.join(path, "config.json")
     if not os.path.isfile(config_path):
-      raise FileNotFoundError(f"{path} has no config.json; is it an HF model directory?")
+      raise gguf_file.MissingFileError(f"{path} has no config.json; is it an HF model directory?")
     hf_json = safetensors_file.read_json(config_path, "config.json")
     cfg = config_from_hf(hf_json, where=config_path, **overrides)
-    return cfg, _read(safetensors_file.SafetensorsDir(path), cfg)
+    return cfg, safetensors_file.SafetensorsDir(path)
   if not path.endswith(".gguf"):
-    raise ValueError(f"{path!r} is a file but not a .gguf; pass an HF model directory or a GGUF.")
+    raise ModelFileError(f"{path!r} is a file but not a .gguf; pass an HF model directory or a "
+                         "GGUF.")
   reader = gguf_file.GgufFile(path)
   cfg = hf_config.config_from_gguf(reader, where=path, **overrides)
-  return cfg, _read(_Gguf(path, cfg, reader), cfg)
+  return cfg, _Gguf(path, cfg, reader)
+
+
+def _load(path, overrides):
+  cfg, source = _config(path, overrides)
+  return cfg, _read(source, cfg)
+
+
+def check_vocab(cfg: transformer.Config, tok: tokenizer_lib.Tokenizer, *, model: str,
+                tokenizer: str = "") -> None:
+  """Raises ModelFileError unless every id `tok` can emit has a row in `cfg`'s embedding and LM
+  head (both have `cfg.vocab` rows; `load` checks each tensor's shape against it).
+
+  An id past the last row is no error in JAX: the gather clips it to the last row, and a run
+  trains on the wrong token without a sign. More rows than ids is normal (a vocabulary padded
+  to a multiple of 64 or 128). `model` and `tokenizer` name the two sources in the message
+  (`tokenizer` defaults to the file `tok` was read from).
+  """
+  if tok.vocab_size <= cfg.vocab:
+    return
+  tokenizer = tokenizer or tok.source or "(built in-process)"
+  raise ModelFileError(
+      f"{model} has {cfg.vocab} embedding/LM head rows but its tokenizer {tokenizer} has "
+      f"{tok.vocab_size} ids (largest id {tok.vocab_size - 1}); ids past the last row would "
+      "silently read the wrong embedding. Pair the model with the tokenizer it was trained with.")
+
+
+def load_with_tokenizer(path, *, fallback: tokenizer_lib.Tokenizer | None = None, **overrides):
+  """(tokenizer, Config, graphdef, params) of an HF directory or GGUF, the tokenizer checked.
+
+  The tokenizer is the one at `path` (tokenizer.json or tokenizer.model of a directory, the
+  vocabulary of a GGUF), or `fallback` when the directory has none (weights exported alone).
+  Refused with ModelFileError when the tokenizer has more ids than the model has rows
+  (`check_vocab`), before any tensor is read. `overrides` set Config fields, as in `load`.
+  """
+  path = os.fspath(path)
+  cfg, source = _config(path, overrides)
+  model = os.path.join(path, "config.json") if os.path.isdir(path) else path
+  try:
+    tok, name = tokenizer_lib.load(path), ""
+  except FileNotFoundError:
+    if fallback is None:
+      raise ModelFileError(f"{path} has no tokenizer (tokenizer.json or tokenizer.model); copy "
+                           "the model's tokenizer files next to its config.json.") from None
+    tok = fallback
+    name = f"{fallback.source or '(built in-process)'} (used because {path} has none)"
+  check_vocab(cfg, tok, model=model, tokenizer=name)
+  graphdef, params = _read(source, cfg)
+  return tok, cfg, graphdef, params
+
+
+def config_of(path, **overrides) -> transformer.Config:
+  """The Config of an HF directory or a GGUF file (its config.json or metadata; no tensors)."""
+  return _config(path, overrides)[0]
 
 
 def load(path, **overrides) -> tuple[transformer.Config, nnx.State]:

@@ -7,7 +7,11 @@ Reads transformers 4.x (`rope_theta`, `rope_scaling`, `rope_local_base_freq`,
 from typing import Any
 
 from agentrl.models import decoder_math
+from agentrl.models import gguf_file
 from agentrl.models import transformer
+
+# Every error about a config.json or GGUF names the file; the CLI prints it as one line.
+ModelFileError = gguf_file.ModelFileError
 
 # family -> (HF architecture, model_type)
 HF_ARCHS = {
@@ -53,8 +57,8 @@ def _pattern(types: list[str], where: str) -> int:
   for p in range(1, len(types) + 2):
     if all((t == "full_attention") == ((i + 1) % p == 0) for i, t in enumerate(types)):
       return p
-  raise ValueError(f"{where}: layer_types {types} is not a periodic sliding/full pattern, "
-                   "which transformer.Config cannot express.")
+  raise ModelFileError(f"{where}: layer_types {types} is not a periodic sliding/full pattern, "
+                       "which transformer.Config cannot express.")
 
 
 def _rope(hf: dict, family: str, where: str) -> dict[str, Any]:
@@ -73,8 +77,8 @@ def _rope(hf: dict, family: str, where: str) -> dict[str, Any]:
   scaling = legacy or full
   kind = scaling.get("rope_type", scaling.get("type", "default"))
   if kind not in transformer.ROPE_SCALINGS:
-    raise ValueError(f"{where}: RoPE type {kind!r} is not supported (supported: "
-                     f"{transformer.ROPE_SCALINGS}).")
+    raise ModelFileError(f"{where}: RoPE type {kind!r} is not supported (supported: "
+                         f"{transformer.ROPE_SCALINGS}).")
   out.update(rope_theta=float(theta), rope_scaling=kind)
   if kind != "default":
     out["rope_factor"] = float(scaling["factor"])
@@ -85,14 +89,25 @@ def _rope(hf: dict, family: str, where: str) -> dict[str, Any]:
   return out
 
 
+def _required(hf: dict, key: str, where: str):
+  if hf.get(key) is None:
+    raise ModelFileError(f"{where}: missing required key {key!r} for model_type "
+                         f"{hf.get('model_type')!r}.")
+  return hf[key]
+
+
+def _optional(hf: dict, key: str, default):
+  return default if hf.get(key) is None else hf[key]
+
+
 def _attention_kind(hf: dict, family: str, depth: int, where: str) -> dict[str, Any]:
   types = hf.get("layer_types")
   if family not in ("gemma2", "gemma3"):
     if hf.get("use_sliding_window") or any(t != "full_attention" for t in types or []):
-      raise ValueError(f"{where}: sliding-window attention is only supported for Gemma 2/3.")
+      raise ModelFileError(f"{where}: sliding-window attention is only supported for Gemma 2/3.")
     if hf.get("attention_bias") or hf.get("mlp_bias"):
-      raise ValueError(f"{where}: attention_bias/mlp_bias=true is not supported for "
-                       f"{hf.get('model_type')!r}.")
+      raise ModelFileError(f"{where}: attention_bias/mlp_bias=true is not supported for "
+                           f"{hf.get('model_type')!r}.")
     return {}
   if types is not None:
     pattern = _pattern(list(types), where)
@@ -100,7 +115,7 @@ def _attention_kind(hf: dict, family: str, depth: int, where: str) -> dict[str, 
     pattern = 2 if family == "gemma2" else hf.get("sliding_window_pattern",
                                                    hf.get("_sliding_window_pattern", 6))
   window = hf.get("sliding_window")
-  out = dict(query_pre_attn_scalar=float(hf["query_pre_attn_scalar"]),
+  out = dict(query_pre_attn_scalar=float(_required(hf, "query_pre_attn_scalar", where)),
              attn_logit_softcap=hf.get("attn_logit_softcapping"),
              final_logit_softcap=hf.get("final_logit_softcapping"))
   if window is not None and pattern <= depth:
@@ -118,19 +133,15 @@ def config_from_hf(hf: dict, *, where: str = "config.json", **overrides) -> tran
           "tie_word_embeddings": hf.get("tie_word_embeddings", True)}
     model_type = "gemma3_text"
   if model_type not in _FAMILY_OF:
-    raise ValueError(f"{where}: model_type {model_type!r} (architectures "
-                     f"{hf.get('architectures')}) is not supported; supported model types: "
-                     f"{sorted(_FAMILY_OF)}.")
+    raise ModelFileError(f"{where}: model_type {model_type!r} (architectures "
+                         f"{hf.get('architectures')}) is not supported; supported model types: "
+                         f"{sorted(_FAMILY_OF)}.")
   family = _FAMILY_OF[model_type]
   if family == "gemma3":
     hf = {**_GEMMA3_TEXT_DEFAULTS, **hf}
 
   def get(key, default=_NO_DEFAULT):
-    if key not in hf or hf[key] is None:
-      if default is _NO_DEFAULT:
-        raise ValueError(f"{where}: missing required key {key!r} for model_type {model_type!r}.")
-      return default
-    return hf[key]
+    return _required(hf, key, where) if default is _NO_DEFAULT else _optional(hf, key, default)
 
   width, heads = int(get("hidden_size")), int(get("num_attention_heads"))
   depth = int(get("num_hidden_layers"))
@@ -140,7 +151,7 @@ def config_from_hf(hf: dict, *, where: str = "config.json", **overrides) -> tran
   else:
     act = get("hidden_act", "silu")
   if act not in _ACTS:
-    raise ValueError(f"{where}: activation {act!r} is not supported ({sorted(_ACTS)}).")
+    raise ModelFileError(f"{where}: activation {act!r} is not supported ({sorted(_ACTS)}).")
   fields.update(
       vocab=int(get("vocab_size")), width=width, depth=depth, heads=heads,
       kv_heads=int(get("num_key_value_heads", heads)),
@@ -218,7 +229,7 @@ def config_to_hf(cfg: transformer.Config) -> dict[str, Any]:
 def _field(reader, key: str, default=_NO_DEFAULT):
   if key not in reader.fields:
     if default is _NO_DEFAULT:
-      raise ValueError(f"{reader.path}: GGUF metadata key {key!r} is missing.")
+      raise ModelFileError(f"{reader.path}: GGUF metadata key {key!r} is missing.")
     return default
   return reader.fields[key]
 
@@ -226,14 +237,15 @@ def _field(reader, key: str, default=_NO_DEFAULT):
 def gguf_arch(reader) -> str:
   arch = _field(reader, "general.architecture")
   if arch not in _GGUF_ARCHS:
-    raise ValueError(f"GGUF architecture {arch!r} is not supported; supported: {_GGUF_ARCHS}.")
+    raise ModelFileError(f"{reader.path}: GGUF architecture {arch!r} is not supported; "
+                         f"supported: {_GGUF_ARCHS}.")
   return arch
 
 
 def _uniform(value, key: str):
   if isinstance(value, list):
     if len(set(value)) != 1:
-      raise ValueError(f"GGUF {key} varies per layer ({value}); not supported.")
+      raise ModelFileError(f"GGUF {key} varies per layer ({value}); not supported.")
     return value[0]
   return value
 
@@ -250,8 +262,8 @@ def _llama3_from_freqs(reader, theta: float, head_dim: int, where: str) -> dict[
                              head_dim=head_dim, mlp=1, rope_theta=theta)
   ratio = decoder_math.rope_inv_freq(plain, False) / decoder_math.rope_inv_freq(probe, False)
   if not np.allclose(ratio, divisors, rtol=1e-3):
-    raise ValueError(f"{where}: rope_freqs does not match Llama-3 scaling with "
-                     "low_freq_factor=1, high_freq_factor=4, original context 8192.")
+    raise ModelFileError(f"{where}: rope_freqs does not match Llama-3 scaling with "
+                         "low_freq_factor=1, high_freq_factor=4, original context 8192.")
   return fields
 
 
@@ -263,9 +275,9 @@ def config_from_gguf(reader, *, where: str = "model.gguf", **overrides) -> trans
   width, heads = int(key("embedding_length")), int(key("attention.head_count"))
   head_dim = int(key("attention.key_length", width // heads))
   if int(key("rope.dimension_count", head_dim)) != head_dim:
-    raise ValueError(f"{where}: partial rotary embeddings are not supported.")
+    raise ModelFileError(f"{where}: partial rotary embeddings are not supported.")
   if "token_embd.weight" not in names:
-    raise ValueError(f"{where} has no token_embd.weight tensor.")
+    raise ModelFileError(f"{where} has no token_embd.weight tensor.")
   fields = _family_fields(arch)
   theta = float(key("rope.freq_base", 10000.0))
   depth = int(key("block_count"))
@@ -280,7 +292,7 @@ def config_from_gguf(reader, *, where: str = "model.gguf", **overrides) -> trans
   if scaling == "linear":
     fields.update(rope_scaling="linear", rope_factor=float(key("rope.scaling.factor")))
   elif scaling not in ("none", ""):
-    raise ValueError(f"{where}: rope scaling {scaling!r} is not supported.")
+    raise ModelFileError(f"{where}: rope scaling {scaling!r} is not supported.")
   if "rope_freqs.weight" in names:
     fields.update(_llama3_from_freqs(reader, theta, head_dim, where))
   if arch in ("gemma2", "gemma3"):

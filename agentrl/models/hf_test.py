@@ -21,6 +21,7 @@ from agentrl.models import decoder_math
 from agentrl.models import hf
 from agentrl.models import hf_config
 from agentrl.models import testing
+from agentrl.models import tokenizer as tokenizer_lib
 from agentrl.models import transformer
 
 _TINY = dict(vocab=96, width=32, depth=3, heads=4, kv_heads=2, head_dim=8, mlp=48,
@@ -160,6 +161,25 @@ class ErrorTest(absltest.TestCase):
       hf.load("/nonexistent")
     os.remove(os.path.join(self.path, "config.json"))
     with self.assertRaisesRegex(FileNotFoundError, "has no config.json"):
+      hf.load(self.path)
+
+  def test_llama_weights_labelled_gemma2_name_the_missing_key(self):
+    config_path = os.path.join(self.path, "config.json")
+    with open(config_path) as f:
+      config = json.load(f)
+    with open(config_path, "w") as f:
+      json.dump(dict(config, model_type="gemma2", architectures=["Gemma2ForCausalLM"]), f)
+    with self.assertRaisesRegex(hf.ModelFileError, f"^{config_path}: missing required key "
+                                "'query_pre_attn_scalar' for model_type 'gemma2'"):
+      hf.load(self.path)
+
+  def test_load_errors_are_model_file_errors(self):
+    # One `error:` line from the CLI (agentrl/cli.py USER_ERRORS), not a traceback.
+    for path in ("/nonexistent", os.path.join(self.path, "config.json")):
+      with self.assertRaises(hf.ModelFileError):
+        hf.load(path)
+    self._rewrite(lambda t: t.pop("model.norm.weight"))
+    with self.assertRaisesRegex(hf.ModelFileError, "is missing tensor 'model.norm.weight'"):
       hf.load(self.path)
 
   def test_missing_weights_file(self):
@@ -309,11 +329,20 @@ _GGUF_NAMES = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
                "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
 
 
-def write_gguf(path, cfg, hf_tensors):
-  """A float32 GGUF as llama.cpp's converter writes it (metadata, names, permutes, +1 norms)."""
+def write_gguf(path, cfg, hf_tensors, tokens=None):
+  """A float32 GGUF as llama.cpp's converter writes it (metadata, names, permutes, +1 norms).
+
+  `tokens` adds a byte-level BPE vocabulary (token 0 control) with one merge, tokens 1 + 2.
+  """
   import gguf  # pylint: disable=g-import-not-at-top
   arch = cfg.family
   w = gguf.GGUFWriter(path, arch)
+  if tokens is not None:
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(tokens)
+    w.add_token_types([3] + [1] * (len(tokens) - 1))
+    w.add_token_merges([f"{tokens[1]} {tokens[2]}"])
   w.add_block_count(cfg.depth)
   w.add_context_length(cfg.max_len)
   w.add_embedding_length(cfg.width)
@@ -397,6 +426,69 @@ class GgufTest(parameterized.TestCase):
     w.close()
     with self.assertRaisesRegex(ValueError, "GGUF architecture 'phi3' is not supported"):
       hf.load(path)
+
+
+def _byte_tokens():
+  """A control token, the 256 byte symbols of byte-level BPE and one merge of two: 258 ids."""
+  from tokenizers import pre_tokenizers  # pylint: disable=g-import-not-at-top
+  alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+  return ["<|endoftext|>"] + alphabet + [alphabet[0] + alphabet[1]]
+
+
+class TokenizerFitTest(absltest.TestCase):
+  """Every id a tokenizer can emit needs an embedding and LM head row (JAX clips the others)."""
+
+  def _model(self, rows, **tokenizer):
+    path = tempfile.mkdtemp()
+    self.addCleanup(shutil.rmtree, path)
+    cfg = tiny_config("llama", vocab=rows)
+    hf.save(cfg, random_params(cfg), path)
+    if tokenizer:
+      testing.write_tokenizer(path, **tokenizer)
+    return path
+
+  def _assert_refused(self, path, *parts, **kwargs):
+    with self.assertRaises(hf.ModelFileError) as e:
+      hf.load_with_tokenizer(path, dtype="float32", **kwargs)
+    message = str(e.exception)
+    self.assertNotIn("\n", message)
+    for part in parts:
+      self.assertIn(part, message)
+    return message
+
+  def test_a_tokenizer_with_more_ids_than_rows_is_refused(self):
+    path = self._model(80, ids=95)  # + "<s>": 96 ids
+    self._assert_refused(path, "80 embedding/LM head rows", "96 ids",
+                         os.path.join(path, "config.json"), os.path.join(path, "tokenizer.json"))
+
+  def test_the_largest_id_counts_not_the_number_of_tokens(self):
+    path = self._model(80, ids=40, extra={"far": 85})  # 42 tokens, ids up to 85
+    self.assertEqual(tokenizer_lib.load(path).vocab_size, 86)
+    self._assert_refused(path, "80 embedding/LM head rows", "86 ids")
+
+  def test_a_padded_vocabulary_loads(self):
+    path = self._model(96, ids=60)
+    tok, cfg, _, params = hf.load_with_tokenizer(path, dtype="float32")
+    self.assertEqual((tok.vocab_size, cfg.vocab, params["embedding_VD"].shape[0]), (61, 96, 96))
+
+  def test_gguf_vocabulary_is_checked_against_its_own_embedding(self):
+    cfg = tiny_config("qwen2")
+    hf_dir = self._model(cfg.vocab)
+    path = os.path.join(hf_dir, "model.gguf")
+    write_gguf(path, cfg, load_file(os.path.join(hf_dir, "model.safetensors")),
+               tokens=_byte_tokens())
+    self.assertIn(f"{path} has 96 embedding/LM head rows but its tokenizer {path} has 258 ids",
+                  self._assert_refused(path))
+
+  def test_a_model_without_tokenizer_needs_a_fitting_fallback(self):
+    path = self._model(80)
+    self._assert_refused(path, f"{path} has no tokenizer", "tokenizer.json")
+    small, big = self._model(80, ids=50), self._model(80, ids=200)
+    tok, *_ = hf.load_with_tokenizer(path, fallback=tokenizer_lib.load(small), dtype="float32")
+    self.assertEqual(tok.vocab_size, 51)
+    self._assert_refused(path, "80 embedding/LM head rows", "201 ids",
+                         os.path.join(big, "tokenizer.json"), f"{path} has none",
+                         fallback=tokenizer_lib.load(big))
 
 
 if __name__ == "__main__":

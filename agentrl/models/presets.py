@@ -11,6 +11,9 @@ metadata / model card), counting a tied embedding once. Notes on the few that ne
     alone (Gemma3ForCausalLM, 7.76 GB in bf16) has 3,880,263,168.
 """
 
+# The Config fields that tell presets apart besides the family (which every Config has).
+ARCHITECTURE = ("width", "depth", "heads", "kv_heads", "head_dim", "mlp")
+
 _SMOLLM2 = dict(family="llama", vocab=49152, head_dim=64, norm_eps=1e-5, max_len=8192)
 _QWEN25 = dict(family="qwen2", vocab=151936, head_dim=128, qkv_bias=True, rope_theta=1e6,
                norm_eps=1e-6, max_len=32768)

@@ -16,6 +16,9 @@ import json
 import os
 from typing import Any, Iterable, Sequence
 
+from agentrl.models import gguf_file
+from agentrl.models import safetensors_file
+
 CHATML_TEMPLATE = (
     "{% for message in messages %}"
     "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
@@ -45,9 +48,12 @@ class Tokenizer:
   eos_token: str = ""
   special_ids: frozenset[int] = frozenset()
   end_of_turn_ids: tuple[int, ...] = ()
+  source: str = ""                  # the file it was read from; "" if built in-process
 
   @property
   def vocab_size(self) -> int:
+    """Largest id it can emit + 1 (added and special tokens included): the embedding rows it
+    needs. Not the number of tokens, which is smaller when the ids leave gaps."""
     return self.backend.vocab_size()
 
   def encode(self, text: str, *, add_bos: bool = False) -> list[int]:
@@ -102,9 +108,10 @@ class _HfBackend:
 
   def __init__(self, tok):
     self.tok = tok
+    self.id_limit = max(tok.get_vocab(with_added_tokens=True).values(), default=-1) + 1
 
   def vocab_size(self):
-    return self.tok.get_vocab_size(with_added_tokens=True)
+    return self.id_limit
 
   def encode(self, text):
     return self.tok.encode(text, add_special_tokens=False).ids
@@ -186,14 +193,48 @@ def _token_str(entry):
   return entry.get("content") if isinstance(entry, dict) else entry
 
 
+def _bad(path: str, what: str) -> Exception:
+  return gguf_file.ModelFileError(f"{path}: {what}; re-download or re-export the tokenizer.")
+
+
+# The keys each tokenizers model needs in tokenizer.json.
+_MODEL_KEYS = {"BPE": ("vocab", "merges"), "WordPiece": ("vocab",), "WordLevel": ("vocab",),
+               "Unigram": ("vocab",)}
+
+
+def _check_tokenizer_json(path: str) -> None:
+  """ModelFileError for a tokenizer.json whose model lacks a part or has an empty vocabulary.
+
+  The tokenizers library reports the first as "Missing vocab/merges at line 1 column 5572"
+  and accepts the second, which then encodes every text to no tokens.
+  """
+  data = safetensors_file.read_json(path, "tokenizer.json")
+  model = data.get("model") if isinstance(data, dict) else None
+  if not isinstance(model, dict):
+    raise _bad(path, "no 'model' object, so not a tokenizer.json of the tokenizers library")
+  kind = model.get("type", "BPE" if "merges" in model else None)
+  missing = [k for k in _MODEL_KEYS.get(kind, ()) if k not in model]
+  if missing:
+    raise _bad(path, f"model.{missing[0]} is missing (a {kind} model needs "
+                     f"{' and '.join(_MODEL_KEYS[kind])})")
+  if "vocab" in model and not model["vocab"]:
+    raise _bad(path, "the vocabulary (model.vocab) is empty, so every text would encode to "
+                     "no tokens")
+
+
 def _load_tokenizer_json(path: str) -> Tokenizer:
   import tokenizers  # pylint: disable=g-import-not-at-top
-  backend = _HfBackend(tokenizers.Tokenizer.from_file(path))
+  _check_tokenizer_json(path)
+  try:
+    backend = _HfBackend(tokenizers.Tokenizer.from_file(path))
+  except Exception as e:  # pylint: disable=broad-except  # tokenizers raises bare Exception
+    raise _bad(path, f"the tokenizers library cannot read it ({e})") from None
   config_path = os.path.join(os.path.dirname(path), "tokenizer_config.json")
   config = {}
   if os.path.isfile(config_path):
-    with open(config_path) as f:
-      config = json.load(f)
+    config = safetensors_file.read_json(config_path, "tokenizer_config.json")
+    if not isinstance(config, dict):
+      raise _bad(config_path, f"a JSON {type(config).__name__}, not an object")
   template = config.get("chat_template")
   jinja_path = os.path.join(os.path.dirname(path), "chat_template.jinja")
   if template is None and os.path.isfile(jinja_path):
@@ -221,15 +262,26 @@ def _load_gguf(path: str) -> Tokenizer:
   import tokenizers  # pylint: disable=g-import-not-at-top
   # pylint: disable-next=g-import-not-at-top
   from tokenizers import decoders, models, pre_tokenizers
-  from agentrl.models import gguf_file  # pylint: disable=g-import-not-at-top
   field = gguf_file.GgufFile(path).fields.get
   kind, pre = field("tokenizer.ggml.model"), field("tokenizer.ggml.pre", "default")
   if kind != "gpt2":
-    raise ValueError(f"{path}: GGUF tokenizer model {kind!r} is not supported (only byte-level "
-                     "BPE, 'gpt2'); load the model's tokenizer.json or tokenizer.model instead.")
-  tokens, types = field("tokenizer.ggml.tokens"), field("tokenizer.ggml.token_type")
+    raise gguf_file.ModelFileError(
+        f"{path}: GGUF tokenizer model {kind!r} is not supported (only byte-level BPE, "
+        "'gpt2'); load the model's tokenizer.json or tokenizer.model instead.")
+  tokens, types = field("tokenizer.ggml.tokens", []), field("tokenizer.ggml.token_type")
+  if not tokens:
+    raise _bad(path, "GGUF metadata key tokenizer.ggml.tokens is missing or empty, so every text "
+                     "would encode to no tokens")
+  control = {i for i, t in enumerate(types or []) if t == 3}  # 3 = CONTROL
+  merged = any(len(t) > 1 for i, t in enumerate(tokens) if i not in control)
+  if field("tokenizer.ggml.merges", None) is None and merged:
+    raise _bad(path, "GGUF metadata key tokenizer.ggml.merges is missing; a byte-level BPE "
+                     "vocabulary of multi-byte tokens cannot be applied without its merges")
   merges = [tuple(m.split(" ", 1)) for m in field("tokenizer.ggml.merges", [])]
-  tok = tokenizers.Tokenizer(models.BPE({t: i for i, t in enumerate(tokens)}, merges))
+  try:
+    tok = tokenizers.Tokenizer(models.BPE({t: i for i, t in enumerate(tokens)}, merges))
+  except Exception as e:  # pylint: disable=broad-except  # tokenizers raises bare Exception
+    raise _bad(path, f"tokenizer.ggml.tokens/merges do not form a BPE vocabulary ({e})") from None
   byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=pre not in _GGUF_SPLITS)
   if pre in _GGUF_SPLITS:
     tok.pre_tokenizer = pre_tokenizers.Sequence([
@@ -240,12 +292,11 @@ def _load_gguf(path: str) -> Tokenizer:
     digits = [pre_tokenizers.Digits(individual_digits=True)] if pre == "smollm" else []
     tok.pre_tokenizer = pre_tokenizers.Sequence(digits + [byte_level])
   else:
-    raise ValueError(f"{path}: tokenizer.ggml.pre {pre!r} is not supported (supported: "
-                     f"{sorted(_GGUF_SPLITS) + list(_GGUF_GPT2_PRES)}).")
+    raise gguf_file.ModelFileError(f"{path}: tokenizer.ggml.pre {pre!r} is not supported "
+                                   f"(supported: {sorted(_GGUF_SPLITS) + list(_GGUF_GPT2_PRES)}).")
   tok.decoder = decoders.ByteLevel()
-  control = [tokens[i] for i, t in enumerate(types or []) if t == 3]  # 3 = CONTROL
-  tok.add_special_tokens([tokenizers.AddedToken(t, special=True, normalized=False)
-                          for t in control])
+  tok.add_special_tokens([tokenizers.AddedToken(tokens[i], special=True, normalized=False)
+                          for i in sorted(control)])
   ids = lambda k: field(f"tokenizer.ggml.{k}")
   return _finish(_HfBackend(tok), bos=ids("bos_token_id"), eos=ids("eos_token_id"),
                  pad=ids("padding_token_id"), chat_template=field("tokenizer.chat_template"))
@@ -258,17 +309,16 @@ def load(path) -> Tokenizer:
     for name in ("tokenizer.json", "tokenizer.model"):
       if os.path.isfile(os.path.join(path, name)):
         return load(os.path.join(path, name))
-    raise FileNotFoundError(f"{path} has neither tokenizer.json nor tokenizer.model.")
+    raise gguf_file.MissingFileError(f"{path} has neither tokenizer.json nor tokenizer.model.")
   if not os.path.isfile(path):
-    raise FileNotFoundError(f"No tokenizer at {path!r}.")
-  if path.endswith(".json"):
-    return _load_tokenizer_json(path)
-  if path.endswith(".model"):
-    return _load_sentencepiece(path)
-  if path.endswith(".gguf"):
-    return _load_gguf(path)
-  raise ValueError(f"Unrecognized tokenizer file {path!r}: expected tokenizer.json, a "
-                   "sentencepiece .model, a .gguf, or a directory holding one.")
+    raise gguf_file.MissingFileError(f"No tokenizer at {path!r}.")
+  readers = {".json": _load_tokenizer_json, ".model": _load_sentencepiece, ".gguf": _load_gguf}
+  for suffix, read in readers.items():
+    if path.endswith(suffix):
+      return dataclasses.replace(read(path), source=path)
+  raise gguf_file.ModelFileError(f"Unrecognized tokenizer file {path!r}: expected "
+                                 "tokenizer.json, a sentencepiece .model, a .gguf, or a directory "
+                                 "holding one.")
 
 
 def save(tok: Tokenizer, directory) -> str:

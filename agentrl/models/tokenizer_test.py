@@ -184,6 +184,64 @@ class ErrorTest(absltest.TestCase):
       with self.assertRaisesRegex(gguf_file.ModelFileError, f"^{path}: {pattern}.*re-download"):
         tokenizer.load(path)
 
+  def _tokenizer_json(self, edit=None, config=None):
+    """A copy of a small tokenizer directory with tokenizer.json edited (a dict -> dict)."""
+    path = _hf_tokenizer_dir(config or {"bos_token": "<s>", "eos_token": "</s>"})
+    json_path = os.path.join(path, "tokenizer.json")
+    if edit is not None:
+      with open(json_path) as f:
+        data = edit(json.load(f))
+      with open(json_path, "w") as f:
+        json.dump(data, f)
+    return path, json_path
+
+  def _assert_one_line(self, path, pattern):
+    with self.assertRaises(gguf_file.ModelFileError) as e:
+      tokenizer.load(path)
+    self.assertRegex(str(e.exception), pattern)
+    self.assertNotIn("\n", str(e.exception))
+
+  def test_damaged_tokenizer_files_name_the_file_and_the_fault(self):
+    def drop(key):
+      return lambda d: {**d, "model": {k: v for k, v in d["model"].items() if k != key}}
+    empty = lambda d: {**d, "model": {**d["model"], "vocab": {}, "merges": []}}
+    for edit, fault in ((drop("merges"), r"model\.merges is missing \(a BPE model needs vocab "
+                                         "and merges"),
+                        (drop("vocab"), r"model\.vocab is missing"),
+                        (empty, r"the vocabulary \(model\.vocab\) is empty"),
+                        (lambda d: {**d, "model": None}, "no 'model' object")):
+      path, json_path = self._tokenizer_json(edit)
+      self._assert_one_line(path, f"^{json_path}: {fault}.*re-export the tokenizer")
+    path, json_path = self._tokenizer_json()
+    for name, pattern in (("tokenizer_config.json", "corrupt tokenizer_config.json .not valid "
+                           "JSON"), ("tokenizer.json", "corrupt tokenizer.json .not valid JSON")):
+      file_path = os.path.join(path, name)
+      with open(file_path) as f:
+        text = f.read()
+      with open(file_path, "w") as f:
+        f.write(text[:len(text) // 2])
+      self._assert_one_line(path, f"^{file_path}: {pattern}")
+    missing = os.path.join(tempfile.mkdtemp(), "x.model")
+    with self.assertRaises(gguf_file.MissingFileError):
+      tokenizer.load(missing)
+
+  def test_gguf_vocabulary_without_tokens_or_merges_is_refused(self):
+    import gguf  # pylint: disable=g-import-not-at-top
+    for tokens, fault in (([], "tokenizer.ggml.tokens is missing or empty"),
+                          (["<|endoftext|>", "a", "b", "ab"],
+                           "tokenizer.ggml.merges is missing")):
+      path = os.path.join(tempfile.mkdtemp(), "bpe.gguf")
+      w = gguf.GGUFWriter(path, "llama")
+      w.add_tokenizer_model("gpt2")
+      if tokens:
+        w.add_token_list(tokens)
+        w.add_token_types([3] + [1] * (len(tokens) - 1))
+      w.write_header_to_file()
+      w.write_kv_data_to_file()
+      w.write_tensors_to_file()
+      w.close()
+      self._assert_one_line(path, f"^{path}: GGUF metadata key {fault}")
+
 
 if __name__ == "__main__":
   absltest.main()
