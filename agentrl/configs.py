@@ -118,12 +118,24 @@ def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
 
 def get(config: Mapping[str, Any], path: str) -> Any:
   """config["a"]["b"] for path "a.b"; ConfigError naming the path if it is missing."""
-  node = config
-  for part in path.split("."):
-    if not isinstance(node, (mlc.ConfigDict, Mapping)) or part not in node:
-      raise ConfigError(f"config.{path} is missing")
+  found, value = _lookup(config, path)
+  if not found:
+    raise ConfigError(f"config.{path} is missing")
+  return value
+
+
+def _lookup(config: Mapping[str, Any], path: str) -> tuple[bool, Any]:
+  """(True, config["a"]["b"]) for path "a.b", (False, None) if a part is missing; ConfigError
+  naming the part if it is not a dict (e.g. a hand-edited config.json)."""
+  node, parts = config, path.split(".")
+  for i, part in enumerate(parts):
+    if not isinstance(node, (mlc.ConfigDict, Mapping)):
+      raise ConfigError(f"config.{'.'.join(parts[:i])} must be a dict, got "
+                        f"{type(node).__name__} {node!r}")
+    if part not in node:
+      return False, None
     node = node[part]
-  return node
+  return True, node
 
 
 def _type_ok(value: Any, kind: type | tuple[type, ...]) -> bool:
@@ -186,6 +198,21 @@ def validate(config: Mapping[str, Any], schema: Mapping[str, Key], *,
       raise ConfigError(f"config.{path} is not a key this experiment reads{hint}; "
                         "remove it, or (in a fork that reads it) describe it in the "
                         "experiment file's SCHEMA dict")
+
+
+def validate_present(config: Mapping[str, Any], schema: Mapping[str, Key], *,
+                     required: Sequence[str] = ()) -> None:
+  """Checks the schema keys that `config` holds, and that every `required` path is there.
+
+  For a stored config (a run's config.json): a key added to the schema after the run was made
+  is absent there, and readers give it a default, so absence is refused only for `required`.
+  """
+  for path in required:
+    get(config, path)
+  for path, key in schema.items():
+    found, value = _lookup(config, path)
+    if found:
+      check_key(path, value, key)
 
 
 def require(condition: bool, message: str) -> None:

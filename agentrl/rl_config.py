@@ -8,6 +8,10 @@ Experiments reach these through `agentrl.recipe` (`recipe.rl_config`, `recipe.RL
 `recipe.validate`, `recipe.lora_config`), which re-exports them next to the blocks that read
 the config.
 """
+import math
+import os
+
+import jax
 import ml_collections as mlc
 
 from agentrl import configs
@@ -15,6 +19,7 @@ from agentrl import overlap
 from agentrl import sharding
 from agentrl.envs import verbose_arithmetic
 from agentrl.models import lora
+from agentrl.models import presets
 from agentrl.rewards import extract
 
 PRESETS = ("cpu", "smollm2", "pod")
@@ -208,12 +213,74 @@ def validate(config: mlc.ConfigDict, schema) -> None:
   configs.require(config.model.init != "hf" or bool(config.model.path),
                   "config.model.path must be an HF checkpoint directory (config.json + "
                   "safetensors) for model.init='hf'")
+  configs.require(config.model.init != "scratch" or not config.model.path,
+                  f"config.model.path={config.model.path!r} is not read with "
+                  "model.init='scratch' (a model built for the task); remove it, or set "
+                  "model.init='gguf' or 'hf' to load it")
+  configs.require(config.task.max_turns <= rc.max_len,
+                  f"config.task.max_turns ({config.task.max_turns}) must be <= "
+                  f"config.rollout.max_len ({rc.max_len}): each model turn adds at least one "
+                  "token to a transcript of at most max_len tokens")
+  need, (have, what) = memory_estimate(config), device_memory()
+  configs.require(need <= have,
+                  f"config.rollout.max_len ({rc.max_len}), rollout.slots ({rc.slots}), "
+                  f"rollout.prompts_per_step ({rc.prompts_per_step}) and rollout.group_size "
+                  f"({rc.group_size}) need ~{_size(need)} per device (a KV cache of slots x "
+                  "max_len tokens and a packed batch of prompts_per_step x group_size x "
+                  f"max_len), more than the {_size(have)} of {what}; lower them")
   try:
     lora_config(config.lora)
   except ValueError as e:
     raise configs.ConfigError(f"config.lora: {e}") from None
 
 
+
+
+# Bytes a packed batch keeps per token: ids, loss mask, policy and reference log-probs,
+# advantages and returns, 4 bytes each.
+_BATCH_BYTES_PER_TOKEN = 6 * 4
+
+
+def _kv_bytes_per_token(mc: mlc.ConfigDict) -> int:
+  """Keys and values of one token over every layer; 0 when the dims are known only once the
+  weights are loaded (an HF/GGUF model under a variant name we have no preset for)."""
+  dims = (mc if mc.init == "scratch" else presets.PRESETS.get(mc.variant))
+  if dims is None:
+    return 0
+  return 2 * dims["depth"] * dims["kv_heads"] * dims["head_dim"] * (
+      4 if mc.dtype == "float32" else 2)
+
+
+def memory_estimate(config: mlc.ConfigDict) -> float:
+  """A lower bound on the bytes per device one RL step holds when transcripts reach
+  rollout.max_len: the rollout's KV cache (rollout.slots rows) and the packed batch, spread
+  over the mesh's devices (a -1 axis takes every device)."""
+  rc = config.rollout
+  kv = _kv_bytes_per_token(config.model) * rc.slots * rc.max_len
+  batch = rc.prompts_per_step * rc.group_size * rc.max_len * _BATCH_BYTES_PER_TOKEN
+  sizes = [int(v) for v in dict(config.mesh).values()]
+  devices = math.prod(s for s in sizes if s > 0)
+  if -1 in sizes:
+    devices = max(devices, jax.device_count())
+  return (kv + batch) / devices
+
+
+def device_memory() -> tuple[float, str]:
+  """(bytes one device can hold, what they are): an accelerator's own memory, else the host's
+  RAM (CPU devices report none)."""
+  device = jax.local_devices()[0]
+  limit = (device.memory_stats() or {}).get("bytes_limit")
+  if limit:
+    return float(limit), f"{device.device_kind} memory"
+  return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")), "host RAM"
+
+
+def _size(n: float) -> str:
+  for unit in ("GiB", "TiB", "PiB"):
+    n /= 1024 ** (3 if unit == "GiB" else 1)
+    if n < 1024 or unit == "PiB":
+      return f"{n:.2f} {unit}" if n < 10 else f"{n:.0f} {unit}"
+  return ""
 
 
 def lora_config(lc: mlc.ConfigDict | None) -> lora.LoraConfig | None:

@@ -11,13 +11,18 @@ process (a test or notebook may run `train` twice on one workdir) and is release
 
 `config_changes(old, new)` lists what differs between a run's stored config.json and the
 config it is resumed with, so the resume can refuse shape-changing edits and log the rest.
+A run directory belongs to the experiment that created it (recorded in <workdir>/run.json):
+another experiment is refused before anything is written, since its loss would silently
+continue the first one's checkpoints.
 """
 import datetime
 import fcntl
 import json
 import os
+import re
 import socket
 import time
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import ml_collections as mlc
@@ -30,6 +35,7 @@ from agentrl import plots
 from agentrl.models import lora
 
 LOCK_FILE = "LOCK"
+RUN_FILE = "run.json"  # {"experiment": "grpo"}: which experiment's run this directory holds
 _HELD: dict[str, int] = {}  # abspath of a locked workdir -> the open LOCK file descriptor
 
 
@@ -102,36 +108,106 @@ STRUCTURAL_KEYS = ("model.", "task.")
 COMPUTE_KEYS = ("model.unroll_layers", "model.logprob_impl")
 
 
-def write_config(config: mlc.ConfigDict, workdir: str) -> float:
+def experiment_of(run_dir: str) -> str | None:
+  """The experiment whose run `run_dir` holds (its RUN_FILE); None for a run made before
+  RUN_FILE existed."""
+  path = os.path.join(run_dir, RUN_FILE)
+  if not os.path.exists(path):
+    return None
+  data = _read_json(path)
+  name = data.get("experiment") if isinstance(data, dict) else None
+  if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z_]\w*", name):
+    raise configs.ConfigError(f"{path} must hold {{\"experiment\": \"<name>\"}}, got "
+                              f"{data!r}: restore it, or remove it")
+  return name
+
+
+def is_run_dir(path: str) -> bool:
+  """Whether `path` is an experiment's workdir (its lock, run file, or config and checkpoints)."""
+  return (os.path.exists(os.path.join(path, LOCK_FILE))
+          or os.path.exists(os.path.join(path, RUN_FILE))
+          or (os.path.isfile(os.path.join(path, "config.json"))
+              and os.path.isdir(os.path.join(path, "ckpt"))))
+
+
+def has_checkpoints(run_dir: str) -> bool:
+  """Whether the run saved any state (RL or SFT warm-start checkpoints). A run that stopped
+  before its first save (e.g. its model failed to load) may be restarted with another model
+  or task: nothing of it would be resumed."""
+  return any(checkpoint.saved_steps(os.path.join(run_dir, d)) for d in ("ckpt", "warm_start"))
+
+
+def _atomic_write(path: str, text: str) -> None:
+  with open(path + ".tmp", "w") as f:
+    f.write(text)
+  os.replace(path + ".tmp", path)  # atomic: a reader never sees half a file
+
+
+def write_config(config: mlc.ConfigDict, workdir: str, *, experiment: str) -> float:
   """Locks the workdir and writes <workdir>/config.json; returns the start time.
 
-  On a resume (config.json already there) it first compares: changes to STRUCTURAL_KEYS are
-  refused with a ConfigError listing them, before anything is written; other changes (a new
-  learning rate, more steps) are printed, one line each, and the new config is recorded.
+  `experiment` names the experiment (its file's stem, e.g. "grpo"); it is recorded in
+  RUN_FILE, and a workdir holding another experiment's run is refused with a WorkdirError
+  naming both, before anything is written. A run made before RUN_FILE existed resumes and
+  gets it. On a resume (config.json already there) the configs are compared: changes to
+  STRUCTURAL_KEYS are refused with a ConfigError listing them, before anything is written,
+  once the run has checkpoints (`has_checkpoints`); other changes (a new learning rate, more steps) are printed, one line each, and the new
+  config is recorded.
   """
   lock(workdir)
+  owner = experiment_of(workdir)
+  if owner is not None and owner != experiment:
+    raise WorkdirError(f"--workdir={workdir} holds a run of experiments.{owner}; "
+                       f"experiments.{experiment} cannot continue it (its checkpoints and "
+                       "config are another method's). Use another --workdir")
   path = os.path.join(workdir, "config.json")
   if os.path.exists(path):
     changes = config_changes(read_config(workdir).to_dict(), config.to_dict())
     refused = [f"config.{k}: {old!r} -> {new!r}" for k, old, new in changes
                if k.startswith(STRUCTURAL_KEYS) and k not in COMPUTE_KEYS]
-    if refused:
+    if refused and has_checkpoints(workdir):
       raise configs.ConfigError(
           f"--workdir={workdir} holds a run with a different model or task ("
           f"{'; '.join(refused)}); its checkpoints cannot be resumed with this config. Use "
           "another --workdir, or the stored values")
     for key, old, new in changes:
       print(f"Resuming {workdir} with config.{key} changed: {old!r} -> {new!r}", flush=True)
-  with open(path + ".tmp", "w") as f:
-    f.write(config.to_json(indent=2))
-  os.replace(path + ".tmp", path)  # atomic: a reader never sees half a file
+  if owner is None:
+    _atomic_write(os.path.join(workdir, RUN_FILE), json.dumps({"experiment": experiment}))
+  _atomic_write(path, config.to_json(indent=2))
   return time.perf_counter()
 
 
-def read_config(run_dir: str) -> mlc.ConfigDict:
-  """The config.json that `write_config` left in a run's workdir."""
-  with open(os.path.join(run_dir, "config.json")) as f:
-    return mlc.ConfigDict(json.load(f))
+def _read_json(path: str) -> Any:
+  """The JSON value in `path`; a ConfigError naming the file if it cannot be read or parsed."""
+  try:
+    with open(path, encoding="utf-8") as f:
+      return json.load(f)
+  except (OSError, UnicodeDecodeError) as e:
+    raise configs.ConfigError(f"{path} cannot be read ({e})") from None
+  except json.JSONDecodeError as e:
+    raise configs.ConfigError(f"{path} is not valid JSON ({e.msg} at line {e.lineno} column "
+                              f"{e.colno}; truncated or hand-edited?): restore it") from None
+
+
+def read_config(run_dir: str, schema: Mapping[str, configs.Key] | None = None, *,
+                required: Sequence[str] = ()) -> mlc.ConfigDict:
+  """The config.json that `write_config` left in a run's workdir, checked.
+
+  A file that is not a JSON object, a stored value that does not fit `schema` (only the keys
+  present are checked, so a run made before a key existed still reads) and a missing
+  `required` key each raise one ConfigError naming the file and the key.
+  """
+  path = os.path.join(run_dir, "config.json")
+  data = _read_json(path)
+  if not isinstance(data, dict):
+    raise configs.ConfigError(f"{path} must hold a JSON object of config keys, got a "
+                              f"{type(data).__name__}: restore it")
+  try:
+    configs.validate_present(data, schema or {}, required=required)
+  except configs.ConfigError as e:
+    raise configs.ConfigError(f"{path}: {e}") from None
+  return mlc.ConfigDict(data)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -172,9 +248,7 @@ def write_summary(workdir: str, result: loop.Result, *, name: str, start: float,
              "process_seconds": time.perf_counter() - start, "sft": sft_info or {},
              "final": {k: v for k, v in result.records[-1].items()
                        if k not in loop.TIMING_KEYS}, **(extra or {})}
-  with open(path + ".tmp", "w") as f:
-    json.dump(summary, f, indent=2)
-  os.replace(path + ".tmp", path)
+  _atomic_write(path, json.dumps(summary, indent=2))
   plots.plot_curves(result.records, os.path.join(workdir, "curves.png"),
                     title=f"{name}: {workdir}")
   _print_summary(summary, result.records, workdir)

@@ -346,7 +346,7 @@ def make_rollout_fn(config, engine, tok, make_env, data, mesh, probe_step,
 def train(config: mlc.ConfigDict, workdir: str) -> dict:
   """A2TGPO end to end; returns the summary written to <workdir>/summary.json."""
   recipe.validate(config, SCHEMA)
-  start = rundir.write_config(config, workdir)
+  start = rundir.write_config(config, workdir, experiment="agent")
   rc, mesh = config.rollout, sharding.make_mesh(config.mesh)
   make_env = recipe.make_task(config.task)
 

@@ -209,7 +209,7 @@ def rollout_metrics(out: anytime.AnytimeRollout, trajs, batch) -> dict[str, floa
 def train(config: mlc.ConfigDict, workdir: str) -> dict:
   """BRPO end to end; returns the summary written to <workdir>/summary.json."""
   budgets = validate(config)
-  start = rundir.write_config(config, workdir)
+  start = rundir.write_config(config, workdir, experiment="brpo")
   rc, mesh = config.rollout, sharding.make_mesh(config.mesh)
   make_env = recipe.make_task(config.task)
 

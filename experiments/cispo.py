@@ -75,7 +75,7 @@ def make_advantage_fn(config):
 def train(config: mlc.ConfigDict, workdir: str) -> dict:
   """CISPO end to end; returns the summary written to <workdir>/summary.json."""
   recipe.validate(config, SCHEMA)
-  start = rundir.write_config(config, workdir)
+  start = rundir.write_config(config, workdir, experiment="cispo")
   rc, mesh = config.rollout, sharding.make_mesh(config.mesh)
   make_env = recipe.make_task(config.task)
 

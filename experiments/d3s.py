@@ -116,7 +116,7 @@ def train(config: mlc.ConfigDict, workdir: str) -> dict:
   configs.require(config.loss.keep_samples <= config.rollout.group_size,
                   f"config.loss.keep_samples ({config.loss.keep_samples}) must be <= "
                   f"config.rollout.group_size ({config.rollout.group_size})")
-  start = rundir.write_config(config, workdir)
+  start = rundir.write_config(config, workdir, experiment="d3s")
   rc, mesh = config.rollout, sharding.make_mesh(config.mesh)
   make_env = recipe.make_task(config.task)
 

@@ -134,7 +134,7 @@ def make_rollout_fn(config, engine, tok, make_env, data, mesh):
 def train(config: mlc.ConfigDict, workdir: str) -> dict:
   """DAPO end to end; returns the summary written to <workdir>/summary.json."""
   recipe.validate(config, SCHEMA)
-  start = rundir.write_config(config, workdir)
+  start = rundir.write_config(config, workdir, experiment="dapo")
   rc, mesh = config.rollout, sharding.make_mesh(config.mesh)
   make_env = recipe.make_task(config.task)
 

@@ -124,7 +124,7 @@ def make_advantage_fn(config, *, filler_id: int, stop_ids):
 def train(config: mlc.ConfigDict, workdir: str) -> dict:
   """DECS end to end; returns the summary written to <workdir>/summary.json."""
   recipe.validate(config, SCHEMA)
-  start = rundir.write_config(config, workdir)
+  start = rundir.write_config(config, workdir, experiment="decs")
   rc, mesh = config.rollout, sharding.make_mesh(config.mesh)
   make_env = recipe.make_task(config.task)
 

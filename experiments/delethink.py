@@ -235,7 +235,7 @@ def delethink_evaluator(config, engine, tok, make_env):
 def train(config: mlc.ConfigDict, workdir: str) -> dict:
   """Delethink GRPO end to end; returns the summary written to <workdir>/summary.json."""
   validate(config)
-  start = rundir.write_config(config, workdir)
+  start = rundir.write_config(config, workdir, experiment="delethink")
   rc, mesh = config.rollout, sharding.make_mesh(config.mesh)
   make_env = recipe.make_task(config.task)
 

@@ -114,7 +114,7 @@ def train(config: mlc.ConfigDict, workdir: str) -> dict:
   configs.require(config.loss.w_min <= config.loss.w_max,
                   f"config.loss.w_min ({config.loss.w_min}) must be <= config.loss.w_max "
                   f"({config.loss.w_max})")
-  start = rundir.write_config(config, workdir)
+  start = rundir.write_config(config, workdir, experiment="delta")
   rc, mesh = config.rollout, sharding.make_mesh(config.mesh)
   make_env = recipe.make_task(config.task)
 

@@ -115,7 +115,7 @@ def make_advantage_fn(config):
 def train(config: mlc.ConfigDict, workdir: str) -> dict:
   """EAPO-discounted GRPO end to end; returns the summary written to <workdir>/summary.json."""
   recipe.validate(config, SCHEMA)
-  start = rundir.write_config(config, workdir)
+  start = rundir.write_config(config, workdir, experiment="eapo")
   rc, mesh = config.rollout, sharding.make_mesh(config.mesh)
   make_env = recipe.make_task(config.task)
 

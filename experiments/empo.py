@@ -96,7 +96,7 @@ def make_reward_fn(config, tok):
 def train(config: mlc.ConfigDict, workdir: str) -> dict:
   """EMPO end to end; returns the summary written to <workdir>/summary.json."""
   recipe.validate(config, SCHEMA)
-  start = rundir.write_config(config, workdir)
+  start = rundir.write_config(config, workdir, experiment="empo")
   rc, mesh = config.rollout, sharding.make_mesh(config.mesh)
   make_env = recipe.make_task(config.task)
 

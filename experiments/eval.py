@@ -24,19 +24,26 @@ stop ids, a tokenizer that encodes exactly as ours, BOS included) and prints wha
 dtype, instead of a checkpoint of run_dir; run_dir still supplies the task and rollout lengths,
 and its tokenizer when DIR has none. An export evaluates exactly as its checkpoint. A LoRA run
 (`lora.rank` > 0) is evaluated and exported merged: W + (alpha / rank) A B in each projection.
+DIR is written whole (a new directory renamed into place) with agentrl_export.json naming the
+run and step; a non-empty DIR that is not an export of the same run is refused unless
+`--config.export_overwrite=True` (which replaces it whole), and a run's workdir, or a
+directory inside one, always is.
 
   python -m experiments.eval --config.export_hf=runs/grpo_hf      # checkpoint -> HF dir
   python -m experiments.eval --config.model_path=runs/grpo_hf     # evaluate the HF dir
 
-Writes <workdir>/eval_<run>_<step>.json (one file per evaluated checkpoint; the workdir defaults
-to runs/eval) and prints a table. A run keeps its newest `log.keep` checkpoints and those of its
+Writes <workdir>/eval_<run>-<hash>_<step>.json (one file per evaluated checkpoint; <hash> tells
+apart runs of one name in different directories; the workdir defaults to runs/eval) and prints
+a table. A run keeps its newest `log.keep` checkpoints and those of its
 evaluation steps (every `eval.every`), so the default run's steps 25, 50, ..., 150 can be
 evaluated; a step that was not kept is an error that lists the ones that were. pass@k:
 `--config.ks=1,4` (or `'[1,4]'`), each k <= `samples`.
 """
+import hashlib
 import json
 import math
 import os
+import shutil
 
 from absl import app
 from flax import nnx
@@ -54,8 +61,6 @@ from agentrl import sharding
 from agentrl.models import hf
 from agentrl.models import hf_tokenizer
 from agentrl.models import lora
-from agentrl.models import tokenizer as tokenizer_lib
-from agentrl.models import transformer
 from agentrl.rollout import collect
 
 
@@ -71,6 +76,7 @@ def get_config(arg: str | None = None) -> mlc.ConfigDict:
   c.seed = 0
   c.model_path = ""              # HF directory or .gguf to evaluate instead of a checkpoint
   c.export_hf = ""               # also write the evaluated params here as an HF directory
+  c.export_overwrite = False     # replace export_hf whole even if it holds something else
   if arg.smoke:  # Seconds on CPU; run by tests/experiments_smoke_test.py.
     c.num_problems, c.samples, c.ks = 4, 2, "1,2"
   return c
@@ -86,7 +92,12 @@ SCHEMA = {
     "seed": configs.Key(int, min=0),
     "model_path": configs.Key(str),
     "export_hf": configs.Key(str),
+    "export_overwrite": configs.Key(bool),
 }
+# The run config keys evaluation reads with no default (an older run may lack others).
+RUN_KEYS = ("task.name", "task.chat_template", "model.init", "model.dtype",
+            "rollout.max_new_tokens", "rollout.max_len", "mesh", "sharding_rules")
+EXPORT_MARKER = "agentrl_export.json"  # {"run_dir", "step"}: the run an export directory holds
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -121,21 +132,29 @@ def validate(config) -> None:
   configs.require(config.step in ("latest", "warm_start") or config.step.isdigit(),
                   f"config.step must be 'latest', 'warm_start' or a step number, got "
                   f"{config.step!r}")
+  if config.export_hf:
+    check_export_dir(config.export_hf, config.run_dir, overwrite=config.export_overwrite)
+
+
+def read_run_config(run_dir: str) -> mlc.ConfigDict:
+  """The run's config.json, its keys checked against the shared RL schema (any task), so a
+  damaged or hand-edited file fails in one line naming it and the key, before anything is
+  built. No experiment imports another, so a method's own keys are not checked here; evaluation
+  reads none of them."""
+  schema = {**recipe.RL_SCHEMA, "task.name": configs.Key(str, choices=recipe.TASKS)}
+  return rundir.read_config(run_dir, schema, required=RUN_KEYS)
 
 
 def load_hf(path: str, run_tok, run_config, mesh):
-  """(tokenizer, graphdef, params) of an HF directory or GGUF, sharded like the run's policy."""
+  """(tokenizer, graphdef, params) of an HF directory or GGUF, sharded like the run's policy.
+
+  The tokenizer is path's own, or the run's when it has none; either is refused when it has
+  more ids than the model has rows (`hf.load_with_tokenizer`).
+  """
   # Computed in the run's dtype (hf.load's default is bfloat16), so an exported checkpoint scores
   # exactly as the checkpoint itself.
-  cfg, params = hf.load(path, dtype=run_config.model.dtype)
-  try:
-    tok = tokenizer_lib.load(path)
-  except FileNotFoundError:
-    tok = run_tok   # e.g. weights exported without a tokenizer: use the run's
-  if cfg.vocab < tok.vocab_size:
-    raise configs.ConfigError(f"config.model_path={path!r}: the model has {cfg.vocab} "
-                              f"embedding rows but its tokenizer has {tok.vocab_size} ids")
-  graphdef = nnx.split(nnx.eval_shape(lambda: transformer.Transformer(cfg, rngs=nnx.Rngs(0))))[0]
+  tok, _, graphdef, params = hf.load_with_tokenizer(path, fallback=run_tok,
+                                                    dtype=run_config.model.dtype)
   rules = run_config.sharding_rules
   return tok, graphdef, sharding.reshard(params, sharding.tree_shardings(params, mesh, rules))
 
@@ -164,7 +183,7 @@ def evaluate(config, run_config, engine, tok, make_env, params) -> dict[str, flo
 def train(config: mlc.ConfigDict, workdir: str) -> dict:
   """Evaluates the checkpoint; `train` by name so the smoke test treats every binary alike."""
   validate(config)
-  run_config = rundir.read_config(config.run_dir)
+  run_config = read_run_config(config.run_dir)
   mesh = sharding.make_mesh(run_config.mesh)
   tok, graphdef, params = recipe.build_policy(run_config, mesh)
   if config.model_path:
@@ -175,7 +194,8 @@ def train(config: mlc.ConfigDict, workdir: str) -> dict:
   if lora.has_adapters(params):  # evaluated and exported with W + (alpha / rank) A B folded in
     graphdef, params = lora.merge(graphdef, params)
   if config.export_hf:
-    export(nnx.merge(graphdef, params).cfg, params, tok, config.export_hf, step)
+    export(nnx.merge(graphdef, params).cfg, params, tok, config.export_hf, step,
+           run_dir=config.run_dir, overwrite=config.export_overwrite)
   engine = recipe.rollout_engine(run_config, graphdef, tok)
   result = {"run_dir": config.run_dir, "step": step, "num_problems": config.num_problems,
             "samples": config.samples,
@@ -192,27 +212,113 @@ def train(config: mlc.ConfigDict, workdir: str) -> dict:
 
 
 def result_name(run_dir: str, step: str) -> str:
-  """eval_<run>_<step>.json: one file per evaluated checkpoint, so none overwrites another."""
+  """eval_<run>-<hash>_<step>.json: one file per evaluated checkpoint, so none overwrites another.
+
+  <hash> (8 hex digits of the run directory's real path, and of the model_path for an "hf:"
+  step) tells apart runs of one name, e.g. sweepA/seed0 and sweepB/seed0.
+  """
   what = (f"hf-{os.path.basename(os.path.normpath(step[3:]))}" if step.startswith("hf:")
           else step)
-  name = f"eval_{os.path.basename(os.path.normpath(run_dir))}_{what}.json"
+  where = os.path.realpath(run_dir) + ("\0" + os.path.realpath(step[3:])
+                                       if step.startswith("hf:") else "")
+  digest = hashlib.sha256(where.encode()).hexdigest()[:8]
+  name = f"eval_{os.path.basename(os.path.normpath(run_dir))}-{digest}_{what}.json"
   return "".join(c if c.isalnum() or c in "._-" else "_" for c in name)
 
 
-def export(model_cfg, params, tok, directory: str, step: str) -> None:
-  """Writes an HF directory (weights, config, stop ids, tokenizer) and says what it wrote."""
-  hf.save(model_cfg, params, directory)
-  tokenizer_files = hf_tokenizer.save(tok, directory)
-  generation = hf_tokenizer.save_generation_config(tok, directory)
+def _export_of(directory: str) -> str | None:
+  """The run directory an earlier export into `directory` recorded; None if none did."""
+  try:
+    with open(os.path.join(directory, EXPORT_MARKER)) as f:
+      run_dir = json.load(f).get("run_dir")
+  except (OSError, ValueError, AttributeError):
+    return None
+  return run_dir if isinstance(run_dir, str) else None
+
+
+def check_export_dir(directory: str, run_dir: str | None, *, overwrite: bool) -> None:
+  """Raises ConfigError unless `export` may write `directory`.
+
+  It may write a new or empty directory, an earlier export of the same run, or (with
+  `overwrite`) any other directory, which it replaces whole: files left beside a new export
+  (a sharded model's index, another tokenizer's maps) would be loaded with it. Never a run's
+  workdir or a directory inside one: the export's config.json would replace the run's.
+  """
+  path = os.path.realpath(directory)
+  parent = path
+  while True:
+    if rundir.is_run_dir(parent):
+      where = "the" if parent == path else "inside the"
+      raise configs.ConfigError(f"config.export_hf={directory!r} is {where} run directory "
+                                f"{parent}; an export there would replace the run's "
+                                "config.json. Choose a directory outside every run's workdir")
+    if os.path.dirname(parent) == parent:
+      break
+    parent = os.path.dirname(parent)
+  if not os.path.isdir(path):
+    configs.require(not os.path.exists(path), f"config.export_hf={directory!r} is a file; "
+                    "give a directory")
+    return
+  names = sorted(os.listdir(path))
+  same_run = run_dir is not None and _export_of(path) == os.path.realpath(run_dir)
+  if not names or overwrite or same_run:
+    return
+  holds = (f"an export of {_export_of(path)}" if _export_of(path) else
+           f"files that are not an export of a run ({', '.join(names[:3])}"
+           f"{', ...' if len(names) > 3 else ''})")
+  raise configs.ConfigError(f"config.export_hf={directory!r} is not empty: it holds {holds}, "
+                            f"not an export of {run_dir}. Choose a new or empty directory, or "
+                            "pass --config.export_overwrite=True to replace it whole")
+
+
+def _replace_dir(directory: str, write) -> None:
+  """Calls write(tmp) on a new directory beside `directory`, then puts it in its place whole.
+
+  A reader sees the old directory or the new one, never a mix; a failed write leaves the old
+  one as it was.
+  """
+  path = os.path.realpath(directory)
+  tmp, old = f"{path}.tmp-{os.getpid()}", f"{path}.old-{os.getpid()}"
+  shutil.rmtree(tmp, ignore_errors=True)
+  os.makedirs(tmp)
+  try:
+    write(tmp)
+    if os.path.isdir(path) and os.listdir(path):
+      os.rename(path, old)
+      os.rename(tmp, path)
+      shutil.rmtree(old)
+    else:
+      os.replace(tmp, path)  # replaces an empty directory too
+  finally:
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
+def export(model_cfg, params, tok, directory: str, step: str, *, run_dir: str | None = None,
+           overwrite: bool = False) -> None:
+  """Writes an HF directory (weights, config, stop ids, tokenizer) and says what it wrote.
+
+  The directory is written whole, with EXPORT_MARKER naming `run_dir` and `step`; see
+  `check_export_dir` for which directories it refuses.
+  """
+  check_export_dir(directory, run_dir, overwrite=overwrite)
+  written = {}
+
+  def write(tmp: str) -> None:
+    hf.save(model_cfg, params, tmp)
+    written["tokenizer"] = [os.path.basename(p) for p in hf_tokenizer.save(tok, tmp)]
+    written["generation"] = os.path.basename(hf_tokenizer.save_generation_config(tok, tmp))
+    with open(os.path.join(tmp, EXPORT_MARKER), "w") as f:
+      json.dump({"run_dir": run_dir and os.path.realpath(run_dir), "step": step}, f)
+
+  _replace_dir(directory, write)
   leaves = jax.tree.leaves(params)
   dtypes = "/".join(sorted({str(x.dtype) for x in leaves}))
   print(f"Exported step {step} to {directory}: {sum(x.size for x in leaves):,} parameters "
         f"({dtypes}), {tok.vocab_size} token ids")
-  files = [os.path.join(directory, n) for n in ("config.json", "model.safetensors")]
-  for path in files + [generation] + tokenizer_files:
-    kind = ("tokenizer" if path in tokenizer_files else
-            "generate: stop ids" if path == generation else "model")
-    print(f"  {os.path.basename(path):24s} {os.path.getsize(path):>14,} bytes  ({kind})")
+  for name in ["config.json", "model.safetensors", written["generation"], *written["tokenizer"]]:
+    kind = ("tokenizer" if name in written["tokenizer"] else
+            "generate: stop ids" if name == written["generation"] else "model")
+    print(f"  {name:24s} {os.path.getsize(os.path.join(directory, name)):>14,} bytes  ({kind})")
   if tok.bos_id is not None:  # transformers' default add_special_tokens=True = our plain prompts
     print(f"  tok(text) prepends BOS {tok.bos_token!r} as our plain-text prompts do; "
           "apply_chat_template adds none, as ours")

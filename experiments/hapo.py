@@ -174,7 +174,7 @@ def init_state(config, params, tx, mesh) -> tuple[State, State]:
 def train(config: mlc.ConfigDict, workdir: str) -> dict:
   """HAPO end to end; returns the summary written to <workdir>/summary.json."""
   recipe.validate(config, SCHEMA)
-  start = rundir.write_config(config, workdir)
+  start = rundir.write_config(config, workdir, experiment="hapo")
   rc, mesh = config.rollout, sharding.make_mesh(config.mesh)
   make_env = recipe.make_task(config.task)
 

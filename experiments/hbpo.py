@@ -213,7 +213,7 @@ def budget_rollout_fn(config, engine, tok, make_env, data, mesh, budgets):
 def train(config: mlc.ConfigDict, workdir: str) -> dict:
   """HBPO end to end; returns the summary written to <workdir>/summary.json."""
   budgets = validate(config)
-  start = rundir.write_config(config, workdir)
+  start = rundir.write_config(config, workdir, experiment="hbpo")
   rc, mesh = config.rollout, sharding.make_mesh(config.mesh)
   make_env = recipe.make_task(config.task)
 

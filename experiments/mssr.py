@@ -198,7 +198,7 @@ def rollout_fn_with_slots(config, engine, tok, make_env, data, mesh):
 def train(config: mlc.ConfigDict, workdir: str) -> dict:
   """MSSR end to end; returns the summary written to <workdir>/summary.json."""
   recipe.validate(config, SCHEMA)
-  start = rundir.write_config(config, workdir)
+  start = rundir.write_config(config, workdir, experiment="mssr")
   rc, mesh = config.rollout, sharding.make_mesh(config.mesh)
   make_env = recipe.make_task(config.task)
 

@@ -185,7 +185,7 @@ def load_teacher(config: mlc.ConfigDict, mesh, tok):
 def train(config: mlc.ConfigDict, workdir: str) -> dict:
   """On-policy distillation end to end; returns the summary written to summary.json."""
   recipe.validate(config, SCHEMA)
-  start = rundir.write_config(config, workdir)
+  start = rundir.write_config(config, workdir, experiment="opd")
   mesh = sharding.make_mesh(config.mesh)
   make_env = recipe.make_task(config.task)
 

@@ -250,7 +250,7 @@ def train(config: mlc.ConfigDict, workdir: str) -> dict:
                   "config.updates.sort_by_length and updates.max_staleness must be off for "
                   "OPRL: its update step cuts the policy's minibatches itself, after pi_phi's "
                   "update on the whole fresh batch")
-  start = rundir.write_config(config, workdir)
+  start = rundir.write_config(config, workdir, experiment="oprl")
   rc, mesh = config.rollout, sharding.make_mesh(config.mesh)
   make_env = recipe.make_task(config.task)
 

@@ -150,7 +150,7 @@ def train(config: mlc.ConfigDict, workdir: str) -> dict:
   configs.require(not config.updates.sort_by_length,
                   "config.updates.sort_by_length must be False for R2VPO: its replay batch in "
                   "the state has one shape [B, rollout.max_len]")
-  start = rundir.write_config(config, workdir)
+  start = rundir.write_config(config, workdir, experiment="r2vpo")
   rc, mesh = config.rollout, sharding.make_mesh(config.mesh)
   make_env = recipe.make_task(config.task)
 

@@ -200,7 +200,7 @@ def reward_model_rollout_fn(rollout_fn, score, rm_params):
 def train(config: mlc.ConfigDict, workdir: str) -> dict:
   """Phase 1 (reward model), then GRPO on its scores; returns the GRPO summary."""
   recipe.validate(config, SCHEMA)
-  start = rundir.write_config(config, workdir)
+  start = rundir.write_config(config, workdir, experiment="reward_model")
   rc, mesh = config.rollout, sharding.make_mesh(config.mesh)
   make_env = recipe.make_task(config.task)
 

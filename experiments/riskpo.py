@@ -115,7 +115,7 @@ def train(config: mlc.ConfigDict, workdir: str) -> dict:
   configs.require(lc.alpha_down < lc.alpha_up,
                   f"config.loss.alpha_down ({lc.alpha_down}) must be < config.loss.alpha_up "
                   f"({lc.alpha_up})")
-  start = rundir.write_config(config, workdir)
+  start = rundir.write_config(config, workdir, experiment="riskpo")
   mesh = sharding.make_mesh(config.mesh)
   make_env = recipe.make_task(config.task)
 

@@ -62,7 +62,7 @@ SCHEMA = {
 def train(config: mlc.ConfigDict, workdir: str) -> dict:
   """SFT from scratch; writes metrics.jsonl, a params checkpoint and summary.json."""
   configs.validate(config, SCHEMA)
-  rundir.write_config(config, workdir)
+  rundir.write_config(config, workdir, experiment="sft")
   tok = arithmetic.build_tokenizer(config.task.digits)
   mesh = sharding.make_mesh(config.mesh)
   cfg = recipe.model_config(config.model, tok.vocab_size)

@@ -288,7 +288,7 @@ def grounding(trajs, *, max_turns: int) -> np.ndarray:
 def train(config: mlc.ConfigDict, workdir: str) -> dict:
   """SPA-RL end to end; returns the summary written to <workdir>/summary.json."""
   recipe.validate(config, SCHEMA)
-  start = rundir.write_config(config, workdir)
+  start = rundir.write_config(config, workdir, experiment="spa_rl")
   rc, rules, mesh = config.rollout, config.sharding_rules, sharding.make_mesh(config.mesh)
   make_env = recipe.make_task(config.task)
 

@@ -251,7 +251,7 @@ def train(config: mlc.ConfigDict, workdir: str) -> dict:
   configs.require(config.task.max_turns == 1,
                   f"config.task.max_turns ({config.task.max_turns}) must be 1: SPO-chain's "
                   "MC rollouts finish single-turn responses")
-  start = rundir.write_config(config, workdir)
+  start = rundir.write_config(config, workdir, experiment="spo_chain")
   rc, mesh = config.rollout, sharding.make_mesh(config.mesh)
   make_env = recipe.make_task(config.task)
 

@@ -189,7 +189,7 @@ def make_optimizer(config) -> optax.GradientTransformation:
 def train(config: mlc.ConfigDict, workdir: str) -> dict:
   """T-PPO end to end; returns the summary written to <workdir>/summary.json."""
   recipe.validate(config, SCHEMA)
-  start = rundir.write_config(config, workdir)
+  start = rundir.write_config(config, workdir, experiment="tppo")
   rc, rules, mesh = config.rollout, config.sharding_rules, sharding.make_mesh(config.mesh)
   make_env = recipe.make_task(config.task)
 

@@ -338,7 +338,7 @@ def train(config: mlc.ConfigDict, workdir: str) -> dict:
   """TTExplore end to end; returns the summary written to <workdir>/summary.json."""
   recipe.validate(config, SCHEMA)
   make_env = make_thinker_env(config)
-  start = rundir.write_config(config, workdir)
+  start = rundir.write_config(config, workdir, experiment="ttexplore")
   rc, mesh = config.rollout, sharding.make_mesh(config.mesh)
 
   # ---- Policy, warm-started on demonstrations with and without thoughts (validation: greedy

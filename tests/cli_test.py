@@ -3,8 +3,11 @@
 Each case runs a real `python -m experiments.grpo` process and checks its exit code and that
 stderr is a single `error: ...` line (no traceback).
 """
+import json
 import os
 import pathlib
+import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -12,14 +15,19 @@ from unittest import mock
 
 from absl.testing import absltest
 from absl.testing import parameterized
+from flax import nnx
 
 from agentrl import checkpoint
 from agentrl import cli
 from agentrl import configs
 from agentrl import loop
+from agentrl import recipe
+from agentrl import rundir
+from agentrl import sharding
 from agentrl.data import jsonl
 from agentrl.models import hf
 from experiments import eval as evaluation
+from experiments import grpo
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -82,6 +90,109 @@ class EvalFlagsTest(absltest.TestCase):
       self.assertEqual(evaluation.parse_ks(spelling, 4), [1, 4])
     with self.assertRaisesRegex(configs.ConfigError, r"config.ks='1,9'.*\[1, config.samples=8\]"):
       evaluation.parse_ks("1,9", 8)
+
+
+def _tmpdir(test) -> str:
+  path = tempfile.mkdtemp()
+  test.addCleanup(shutil.rmtree, path, ignore_errors=True)
+  return path
+
+
+def _run_dir(test) -> str:
+  """A workdir holding a GRPO smoke run's config.json and run.json (no checkpoint needed)."""
+  run_dir = _tmpdir(test)
+  rundir.write_config(grpo.get_config("smoke"), run_dir, experiment="grpo")
+  rundir.unlock(run_dir)
+  return run_dir
+
+
+class EvalRunDirTest(absltest.TestCase):
+
+  def test_result_names_tell_apart_runs_of_one_name(self):
+    a = evaluation.result_name("/x/sweepA/seed0", "2")
+    self.assertRegex(a, r"^eval_seed0-[0-9a-f]{8}_2\.json$")
+    self.assertNotEqual(a, evaluation.result_name("/x/sweepB/seed0", "2"))
+    self.assertEqual(a, evaluation.result_name("/x/sweepA/./seed0/", "2"))
+    self.assertNotEqual(evaluation.result_name("/x/a", "hf:/m/1/hf"),
+                        evaluation.result_name("/x/a", "hf:/m/2/hf"))
+
+  def test_a_damaged_run_config_is_one_error_before_anything_is_built(self):
+    run_dir = _run_dir(self)
+    path = os.path.join(run_dir, "config.json")
+    with open(path) as f:
+      stored = json.load(f)
+    stored["task"]["name"] = "no_such_task"
+    with open(path, "w") as f:
+      json.dump(stored, f)
+    config = evaluation.get_config("smoke")
+    config.run_dir = run_dir
+    with mock.patch.object(recipe, "build_policy") as build, self.assertRaisesRegex(
+        configs.ConfigError, "^" + re.escape(path) +
+        r": config\.task\.name must be one of .*, got 'no_such_task'$"):
+      evaluation.train(config, _tmpdir(self))
+    build.assert_not_called()
+
+  def test_another_experiment_on_a_runs_workdir_is_one_error_line(self):
+    run_dir = _run_dir(self)
+    out = subprocess.run(
+        [sys.executable, "-m", "experiments.ctpo", "--config=experiments/ctpo.py:smoke",
+         f"--workdir={run_dir}", "--config.total_steps=4"], cwd=ROOT, capture_output=True,
+        text=True, timeout=300, env=dict(os.environ, JAX_PLATFORMS="cpu"))
+    self.assertEqual(out.returncode, 2, out.stderr[-2000:])
+    lines = [l for l in out.stderr.splitlines() if l.strip() and not l.startswith(("W", "I"))]
+    self.assertEqual(lines, [f"error: --workdir={run_dir} holds a run of experiments.grpo; "
+                             "experiments.ctpo cannot continue it (its checkpoints and config "
+                             "are another method's). Use another --workdir"])
+    self.assertEqual(rundir.read_config(run_dir).total_steps, 2)  # not rewritten
+
+
+class ExportTest(absltest.TestCase):
+
+  @classmethod
+  def setUpClass(cls):
+    super().setUpClass()
+    config = recipe.rl_config("cpu", smoke=True)
+    cls.tok, graphdef, cls.params = recipe.build_policy(config, sharding.make_mesh(config.mesh))
+    cls.cfg = nnx.merge(graphdef, cls.params).cfg
+
+  def _export(self, directory, run_dir, overwrite=False):
+    with mock.patch("builtins.print"):
+      evaluation.export(self.cfg, self.params, self.tok, directory, "2", run_dir=run_dir,
+                        overwrite=overwrite)
+
+  def test_another_models_directory_is_refused_and_overwrite_replaces_it_whole(self):
+    root = _tmpdir(self)
+    directory = os.path.join(root, "hf")
+    os.makedirs(directory)
+    stale = {"config.json": '{"model_type": "other"}', "model.safetensors.index.json": "{}",
+             "model-00001-of-00002.safetensors": "x"}
+    for name, text in stale.items():
+      with open(os.path.join(directory, name), "w") as f:
+        f.write(text)
+    with self.assertRaisesRegex(configs.ConfigError,
+                                rf"^config\.export_hf='{re.escape(directory)}' is not empty: "
+                                r".*--config\.export_overwrite=True to replace it whole$"):
+      self._export(directory, "/runs/a")
+    self.assertEqual(sorted(os.listdir(directory)), sorted(stale))  # untouched
+    self._export(directory, "/runs/a", overwrite=True)
+    names = os.listdir(directory)
+    self.assertIn("model.safetensors", names)
+    self.assertNotIn("model.safetensors.index.json", names)
+    self.assertNotIn("model-00001-of-00002.safetensors", names)
+    self._export(directory, "/runs/a")  # an earlier export of the same run is replaced
+    with self.assertRaisesRegex(configs.ConfigError, r"holds an export of /runs/a"):
+      self._export(directory, "/runs/b")
+    self.assertEqual(os.listdir(root), ["hf"])  # no temporary directory left behind
+
+  def test_export_never_writes_into_a_run_directory(self):
+    run_dir = _run_dir(self)
+    before = sorted(os.listdir(run_dir))
+    for target in (run_dir, os.path.join(run_dir, "hf")):
+      with self.assertRaisesRegex(configs.ConfigError,
+                                  rf"config\.export_hf='{re.escape(target)}' is (inside )?the "
+                                  rf"run directory {re.escape(os.path.realpath(run_dir))}"):
+        self._export(target, run_dir, overwrite=True)
+    self.assertEqual(sorted(os.listdir(run_dir)), before)
 
 
 class DefaultWorkdirTest(absltest.TestCase):

@@ -264,8 +264,9 @@ class SmokeTest(parameterized.TestCase):
       self.assertEqual(result["step"], expected)
       for key in ("greedy_success", "pass@1", "pass@2"):
         self.assertBetween(result[key], 0.0, 1.0)
-      name = f"eval_{os.path.basename(run_dir)}_{expected}.json"  # one file per checkpoint
+      name = evaluation.result_name(run_dir, expected)  # one file per checkpoint and run
       self.assertEqual(os.listdir(workdir), [name])
+      self.assertTrue(name.startswith(f"eval_{os.path.basename(run_dir)}-"), name)
     config = evaluation.get_config("smoke")
     config.run_dir, config.step = run_dir, "5"
     with self.assertRaisesRegex(configs.ConfigError,

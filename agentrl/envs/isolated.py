@@ -48,6 +48,7 @@ import weakref
 
 from agentrl.envs import base
 from agentrl.envs import safe
+from agentrl.rewards import bounded
 
 MAX_IDLE = 64  # idle workers kept per make_env
 _WORKER_MAIN = ("import sys; from agentrl.envs import isolated; "
@@ -122,7 +123,7 @@ class _Worker:
     except (EOFError, OSError):
       self.kill()
       raise safe.EnvCrash(f"the env worker process died during env.{method} "
-                          f"({_describe_exit(self.proc.returncode)})") from None
+                          f"({bounded.describe_exit(self.proc.returncode)})") from None
     self.busy = False
     if status == "error":
       raise value
@@ -130,20 +131,9 @@ class _Worker:
 
   def kill(self) -> None:
     """Kills the worker's process group (the worker and what it started) and reaps it."""
-    if self.proc.returncode is None:
-      try:
-        os.killpg(self.proc.pid, signal.SIGKILL)  # before wait(): the pid cannot be reused yet
-      except (ProcessLookupError, PermissionError):
-        pass
-      self.proc.wait()
+    bounded.kill_group(self.proc)
     self.conn.close()
     self._output.join(timeout=5.0)
-
-
-def _describe_exit(code: int | None) -> str:
-  if code is not None and code < 0:
-    return f"killed by {signal.Signals(-code).name}"
-  return f"exit code {code}"
 
 
 def _take_idle(blueprint: bytes) -> "_Worker | None":

@@ -22,9 +22,13 @@ Requires the `envs` extra (pip install -e '.[envs]'); it is imported only when a
 is constructed.
 """
 import collections
+import functools
 import math
+import pickle
 
 from agentrl.envs import base
+from agentrl.envs import safe
+from agentrl.rewards import bounded
 from agentrl.rewards import extract
 
 _BLOCK = 1024
@@ -43,10 +47,18 @@ def import_reasoning_gym():
 
 
 class ReasoningGymTask:
-  """seed -> entry, and the generator's scorer, for one named reasoning-gym dataset."""
+  """seed -> entry, and the generator's scorer, for one named reasoning-gym dataset.
+
+  Scorers parse model text with sympy, which can compute for ever holding the GIL (an answer of
+  `10**10**10`), so they run in `agentrl.rewards.bounded`'s worker processes: an answer whose
+  scoring takes more than verify_timeout_s seconds, or more memory than the workers' limit,
+  scores 0.0.
+  """
 
   def __init__(self, name: str, *, seed_offset: int = 0, answer_mode: str = "tag_or_last_line",
-               **config):
+               verify_timeout_s: float = bounded.DEFAULT_TIMEOUT_S, **config):
+    if not verify_timeout_s > 0:
+      raise ValueError(f"verify_timeout_s must be positive, got {verify_timeout_s}.")
     rg = import_reasoning_gym()
     if name not in rg.factory.DATASETS:
       raise ValueError(f"Unknown reasoning-gym dataset {name!r}; choose one of "
@@ -54,9 +66,11 @@ class ReasoningGymTask:
     extract.extract("", answer_mode)  # validates the mode
     self.name, self.seed_offset, self.answer_mode, self.config = (name, seed_offset,
                                                                   answer_mode, config)
+    self.verify_timeout_s = verify_timeout_s
     self._rg = rg
     self._blocks = collections.OrderedDict()
     self._dataset(0)  # fails now, not mid-rollout, on a bad config
+    self._spec = (name, seed_offset, pickle.dumps(config))  # the task, rebuilt in a worker
 
   def _dataset(self, block: int):
     if block not in self._blocks:
@@ -77,20 +91,51 @@ class ReasoningGymTask:
     return {"prompt": entry["question"], "answer": entry["answer"], "seed": seed,
             "entry": entry}
 
-  def score(self, answer: str | None, entry: dict) -> tuple[float, str]:
-    """(the generator's own score of an already-extracted answer, error message or "")."""
+  def score(self, answer: str | None, entry: dict) -> tuple[float, str, dict]:
+    """(the generator's own score of an already-extracted answer, error message or "", extra
+    info keys: safe.VERIFY_TIMEOUT when the scorer ran past its time or memory limit)."""
     if answer is None:
-      return 0.0, "no answer found; put the final answer inside <answer></answer>"
+      return 0.0, "no answer found; put the final answer inside <answer></answer>", {}
+    block = int(entry.get("seed", 0)) // _BLOCK
     try:
-      dataset = self._dataset(int(entry.get("seed", 0)) // _BLOCK)
-      value = float(dataset.score_answer(answer=answer, entry=entry))
+      value = bounded.call(_score_in_worker, self._spec, answer, entry,
+                           timeout_s=self.verify_timeout_s,
+                           setup=functools.partial(_prepare_worker, self._spec, block))
+    except bounded.LimitExceeded as e:
+      return 0.0, f"the answer's verification {e}", {safe.VERIFY_TIMEOUT: True}
     except Exception as e:  # pylint: disable=broad-except
-      return 0.0, f"scorer failed on the answer ({type(e).__name__}: {e})"
-    return (value, "") if math.isfinite(value) else (0.0, "scorer returned a non-finite value")
+      return 0.0, f"scorer failed on the answer ({type(e).__name__}: {e})", {}
+    if not math.isfinite(value):
+      return 0.0, "scorer returned a non-finite value", {}
+    return value, "", {}
+
+  def _score_here(self, answer: str, entry: dict) -> float:
+    dataset = self._dataset(int(entry.get("seed", 0)) // _BLOCK)
+    return float(dataset.score_answer(answer=answer, entry=entry))
 
   def reward(self, completion: str, entry: dict) -> float:
     """Reward function `fn(completion, entry) -> float` (agentrl.rewards signature)."""
     return self.score(extract.extract(completion, self.answer_mode), entry)[0]
+
+
+_worker_tasks: dict[tuple, ReasoningGymTask] = {}  # in a bounded worker: spec -> task
+
+
+def _worker_task(spec: tuple) -> ReasoningGymTask:
+  if spec not in _worker_tasks:
+    name, seed_offset, config = spec
+    _worker_tasks[spec] = ReasoningGymTask(name, seed_offset=seed_offset,
+                                           **pickle.loads(config))
+  return _worker_tasks[spec]
+
+
+def _prepare_worker(spec: tuple, block: int) -> None:
+  """Worker setup: imports reasoning-gym and builds the dataset block, outside the time limit."""
+  _worker_task(spec)._dataset(block)  # pylint: disable=protected-access
+
+
+def _score_in_worker(spec: tuple, answer: str, entry: dict) -> float:
+  return _worker_task(spec)._score_here(answer, entry)  # pylint: disable=protected-access
 
 
 class ReasoningGymEnv:
@@ -107,14 +152,14 @@ class ReasoningGymEnv:
     self.system_prompt = system_prompt
     self._entry = None
 
+  @base.episode_reset
   def reset(self, seed: int) -> str:
     self._entry = self.task.entry(seed)
     return self._entry["question"]
 
+  @base.episode_step
   def step(self, action: str) -> base.StepResult:
-    if self._entry is None:
-      raise RuntimeError("ReasoningGymEnv.step() called before reset(seed).")
     answer = extract.extract(action, self.task.answer_mode)
-    reward, error = self.task.score(answer, self._entry)
+    reward, error, extra = self.task.score(answer, self._entry)
     return "", reward, True, base.make_info(reward=reward, success=reward == 1.0, error=error,
-                                            target=self._entry["answer"])
+                                            target=self._entry["answer"], **extra)

@@ -1,11 +1,14 @@
 """Tests for agentrl.envs.reasoning_gym_env (skipped if reasoning-gym is not installed)."""
 import sys
+import time
 from unittest import mock
 
 from absl.testing import absltest
 from absl.testing import parameterized
 
 from agentrl.envs import reasoning_gym_env
+from agentrl.envs import safe
+from agentrl.envs import testing
 
 try:
   import reasoning_gym  # pylint: disable=g-import-not-at-top
@@ -28,6 +31,12 @@ class ReasoningGymEnvTest(parameterized.TestCase):
       gold = env.task.entry(seed)["answer"]
       _, reward, done, info = env.step(f"Reasoning...\n<answer>{gold}</answer>")
       self.assertEqual((reward, done, info["success"], info["error"]), (1.0, True, True, ""))
+
+  def test_episode_and_seed_contract(self):
+    # After done, the gold answer paid 1.0 again; reset(-7) indexed block -1 of the dataset.
+    testing.assert_env_contract(self, reasoning_gym_env.ReasoningGymEnv("chain_sum"),
+                                action="<answer>none</answer>",
+                                answer=lambda env, info: f"<answer>{info['target']}</answer>")
 
   def test_same_question_as_reasoning_gym_itself(self):
     dataset = reasoning_gym.create_dataset("chain_sum", size=3000, seed=0)
@@ -69,6 +78,32 @@ class ReasoningGymEnvTest(parameterized.TestCase):
       reasoning_gym_env.ReasoningGymEnv("no_such_task")
     with self.assertRaises(Exception):
       reasoning_gym_env.ReasoningGymEnv("chain_sum", no_such_option=3)
+
+
+@absltest.skipIf(reasoning_gym is None, _SKIP)
+class HostileAnswerTest(parameterized.TestCase):
+
+  @parameterized.parameters("simple_integration", "polynomial_multiplication")
+  def test_answer_that_never_finishes_scores_zero_and_is_counted(self, name):
+    # sympy evaluated 10**10**10 for ever holding the GIL: no thread timeout could stop it.
+    env = safe.SafeEnv(reasoning_gym_env.ReasoningGymEnv(name, verify_timeout_s=1.0))
+    env.reset(0)
+    env.step(f"<answer>{env.env.task.entry(0)['answer']}</answer>")  # starts a worker
+    env.reset(0)
+    start = time.monotonic()
+    _, reward, done, info = env.step("<answer>10**10**10</answer>")
+    self.assertLess(time.monotonic() - start, 10.0)
+    self.assertEqual((reward, done, info["success"]), (0.0, True, False))
+    self.assertIn("verification", info["error"])
+    self.assertEqual(env.counters["verify_timeouts"], 1)
+    self.assertEqual(env.metrics()["env/verify_timeouts"], 1.0)
+    env.reset(0)  # and the next answer is scored by a fresh worker
+    gold = env.env.task.entry(0)["answer"]
+    self.assertEqual(env.step(f"<answer>{gold}</answer>")[1], 1.0)
+
+  def test_reward_fn_is_bounded_too(self):
+    task = reasoning_gym_env.ReasoningGymTask("polynomial_multiplication", verify_timeout_s=1.0)
+    self.assertEqual(task.reward("<answer>10**10**10</answer>", task.entry(3)), 0.0)
 
 
 class MissingPackageTest(absltest.TestCase):

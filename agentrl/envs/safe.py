@@ -13,6 +13,9 @@ that the agent loop logs as metrics:
   invalid_actions            the env rejected the action (info["error"] was set)
   unsafe_actions             the env refused to pass the action to its engine (it set
                              info["unsafe_action"]; also an invalid action)
+  verify_timeouts            checking the answer ran past its time or memory limit and was
+                             stopped (agentrl.rewards.bounded; the env set
+                             info["verify_timeout"]); scored 0, also an invalid action
   empty_actions              the action was empty or whitespace (still passed to the env)
   truncated_observations     an observation was longer than max_obs_chars and was cut
   nonfinite_rewards          the env returned NaN/inf or a non-number; replaced by error_reward
@@ -26,10 +29,11 @@ from typing import Any
 from agentrl.envs import base
 
 COUNTERS = ("steps", "resets", "env_errors", "env_timeouts", "env_crashes", "invalid_actions",
-            "unsafe_actions", "empty_actions", "truncated_observations", "nonfinite_rewards",
-            "bad_results", "steps_after_done", "turn_limit")
+            "unsafe_actions", "verify_timeouts", "empty_actions", "truncated_observations",
+            "nonfinite_rewards", "bad_results", "steps_after_done", "turn_limit")
 TRUNCATION_MARK = "\n[observation truncated]"
 UNSAFE_ACTION = "unsafe_action"  # info key: the action was refused before reaching the engine
+VERIFY_TIMEOUT = "verify_timeout"  # info key: checking the answer ran out of time or memory
 
 
 class EnvTimeout(TimeoutError):
@@ -58,8 +62,7 @@ def truncate(text: str, max_chars: int) -> tuple[str, bool]:
   return (text[:keep] + TRUNCATION_MARK)[:max_chars], True
 
 
-def _error_result(message: str, reward: float) -> base.StepResult:
-  return f"Error: {message}", reward, True, base.make_info(reward=reward, error=message)
+_error_result = base.error_result  # the same answer as a built-in env's step outside an episode
 
 
 def _validate(result: Any, counters: dict[str, int], error_reward: float) -> base.StepResult:
@@ -107,6 +110,7 @@ def safe_step(env: base.Env, action: str, *, counters: dict[str, int] | None = N
     obs, reward, done, info = _validate(result, counters, error_reward)
     counters["invalid_actions"] += int(bool(info[base.ERROR]))
     counters["unsafe_actions"] += int(bool(info.get(UNSAFE_ACTION)))
+    counters["verify_timeouts"] += int(bool(info.get(VERIFY_TIMEOUT)))
   obs, cut = truncate(obs, max_obs_chars)
   counters["truncated_observations"] += int(cut)
   info["truncated"] = cut

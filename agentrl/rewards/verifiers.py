@@ -9,23 +9,19 @@ Signature shared by every reward function in agentrl.rewards:
 a float (1.0 / 0.0 for these verifiers). A completion with no extractable answer scores 0.0;
 bad completions never raise. The answer is reduced first by `agentrl.rewards.extract` (`mode`).
 
-math-verify (Kydlicek et al., HF 2025) uses `signal.alarm` for its timeouts, which raises
-ValueError outside the main thread (docs/offline.md §4). `math_equal` therefore calls it
-directly only in the main thread; from any other thread it hands the pair to a persistent
-worker subprocess (whose main thread runs the same signal-based timeouts) and kills and
-restarts that worker if it does not answer in time.
+Hostile answers. exact_match and numeric_match are pure Python on bounded input (the last
+extract.MAX_TEXT_CHARS characters; parse_number reads at most 200 characters, so no Fraction or
+float it builds is large). math_equal runs sympy on model text, which can compute for ever
+holding the GIL (`10**10**10`), so it always runs in `agentrl.rewards.bounded`'s worker
+processes, bounded in time and memory; there, in the worker's main thread, math-verify's own
+`signal.alarm` timeouts (which raise ValueError outside the main thread, docs/offline.md §4)
+also work.
 """
-import atexit
 import fractions
-import json
 import math
-import os
 import re
-import select
-import subprocess
-import sys
-import threading
 
+from agentrl.rewards import bounded
 from agentrl.rewards import extract as extract_lib
 
 _NUM_RE = re.compile(r"[-+]?(\d+(\.\d*)?|\.\d+)([eE][-+]?\d+)?(/\d+)?")
@@ -118,100 +114,29 @@ def _verify(gold: str, pred: str, timeout_s: int | None) -> bool:
   return bool(math_verify.verify(gold_parsed, pred_parsed, timeout_seconds=timeout_s))
 
 
-def serve() -> None:
-  """Verifier worker loop over stdin/stdout JSON lines: {gold, pred, timeout} -> {result}."""
+def _import_math_verify() -> None:
+  """Worker setup: math-verify and sympy take seconds to import, outside the call's limit."""
   import logging  # pylint: disable=g-import-not-at-top
+  import math_verify  # pylint: disable=g-import-not-at-top,unused-import
   logging.getLogger("math_verify").setLevel(logging.ERROR)
-  for line in sys.stdin:
-    request = json.loads(line)
-    try:
-      reply = {"result": _verify(request["gold"], request["pred"], request["timeout"])}
-    except Exception as e:  # pylint: disable=broad-except
-      reply = {"error": f"{type(e).__name__}: {e}"}
-    sys.stdout.write(json.dumps(reply) + "\n")
-    sys.stdout.flush()
 
 
-class _Worker:
-  """One persistent verifier subprocess; killed and restarted when it misses a deadline.
-
-  A plain `python -c` subprocess rather than multiprocessing: spawn/forkserver children
-  re-import the caller's __main__ module, which re-runs unguarded scripts.
-  """
-
-  def __init__(self, command=None):
-    self._command = command or [sys.executable, "-c",
-                                "from agentrl.rewards.verifiers import serve; serve()"]
-    self._lock = threading.Lock()
-    self._proc = None
-    self.restarts = 0
-
-  def _start(self):
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        p for p in (root, os.environ.get("PYTHONPATH")) if p))
-    self._proc = subprocess.Popen(
-        self._command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL, env=env, text=True, bufsize=1)
-
-  def close(self):
-    if self._proc is not None:
-      self._proc.kill()
-      self._proc.wait()
-      self._proc.stdin.close()
-      self._proc.stdout.close()
-    self._proc = None
-
-  def _kill(self):
-    self.close()
-    self.restarts += 1
-
-  def __call__(self, gold: str, pred: str, timeout_s: int, startup_s: float):
-    with self._lock:
-      fresh = self._proc is None or self._proc.poll() is not None
-      if fresh:
-        self._start()
-      try:
-        self._proc.stdin.write(json.dumps({"gold": gold, "pred": pred, "timeout": timeout_s})
-                               + "\n")
-        self._proc.stdin.flush()
-        # The first call also waits for the child to import sympy and math-verify.
-        ready, _, _ = select.select([self._proc.stdout], [], [],
-                                    timeout_s + (startup_s if fresh else 1.0))
-        line = self._proc.stdout.readline() if ready else ""
-      except OSError:
-        line = ""
-      if not line:
-        self._kill()
-        return None
-      try:
-        return json.loads(line).get("result")
-      except (ValueError, AttributeError):
-        return None
-
-
-_WORKER = _Worker()
-atexit.register(_WORKER.close)
-
-
-def math_equal(completion: str, target, *, timeout_s: int = 5, max_chars: int = 4096,
-               startup_s: float = 60.0) -> float:
+def math_equal(completion: str, target, *, timeout_s: int = 5, max_chars: int = 4096) -> float:
   """1.0 iff math-verify judges the completion's answer equal to target, else 0.0.
 
   math-verify extracts the answer itself (\\boxed{} first, then the last LaTeX or plain
-  expression). Only the last `max_chars` characters are parsed, so a runaway completion cannot
-  make sympy slow. A timeout or a verifier error scores 0.0. Safe to call from any thread.
+  expression) from the last `max_chars` characters. Runs in `bounded`'s worker processes:
+  running out of time (timeout_s, plus a second of slack) or memory, or a verifier error, scores
+  0.0. Safe to call from any thread.
   """
   if not isinstance(completion, str):
     raise TypeError(f"completion must be str, got {type(completion).__name__}")
   pred = completion[-max_chars:]
   if not pred.strip():
     return 0.0
-  gold = _gold_text(target)
-  if threading.current_thread() is threading.main_thread():
-    try:
-      return float(_verify(gold, pred, max(1, math.ceil(timeout_s))))
-    except Exception:  # pylint: disable=broad-except
-      return 0.0  # math-verify raises on some malformed LaTeX despite raise_on_error=False
-  result = _WORKER(gold, pred, max(1, math.ceil(timeout_s)), startup_s)
-  return 1.0 if result is True else 0.0
+  timeout_s = max(1, math.ceil(timeout_s))
+  try:  # math-verify's own timeouts end most slow cases in the worker; bounded ends the rest
+    return float(bounded.call(_verify, _gold_text(target), pred, timeout_s,
+                              timeout_s=timeout_s + 1, setup=_import_math_verify) is True)
+  except Exception:  # pylint: disable=broad-except
+    return 0.0  # a limit exceeded, or math-verify raised on malformed LaTeX
