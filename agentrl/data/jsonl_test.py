@@ -73,6 +73,45 @@ class JsonlTest(parameterized.TestCase):
     with self.assertRaisesRegex(ValueError, rf"^{path}{message}"):
       jsonl.read_jsonl(path)
 
+  @parameterized.named_parameters(
+      ("lone_surrogate", '{"prompt": "a\\ud800b"}\n',
+       r":1: field 'prompt' holds a lone surrogate '\\ud800'"),
+      ("nested_surrogate", '{"prompt": "a"}\n{"prompt": "b", "meta": {"x": ["ok", "\\udfff"]}}\n',
+       r":2: field 'meta\.x\[1\]' holds a lone surrogate '\\udfff'"),
+      ("surrogate_key", '{"prompt": "a", "meta": {"k\\udc00": 1}}\n',
+       r":1: a key of field 'meta' holds a lone surrogate '\\udc00'"),
+      ("huge_int", '{"prompt": "a", "n": ' + "7" * 5000 + "}\n",
+       r":1: field 'n' is an integer of 5000 digits, more than Python reads \(4300\)"),
+      ("huge_negative_int", '{"prompt": "a", "n": [-' + "7" * 5000 + "]}\n",
+       r":1: field 'n\[0\]' is an integer of 5000 digits"),
+      ("nan", '{"prompt": "a", "score": NaN}\n', r":1: field 'score' is NaN"),
+      ("infinity", '{"prompt": "a", "score": -Infinity}\n', r":1: field 'score' is -Infinity"),
+      ("float_overflow", '{"prompt": "a", "score": 1e999}\n', r":1: field 'score' is 1e999"),
+      ("top_level", "NaN\n", r":1: the value is NaN"),
+  )
+  def test_values_no_consumer_can_use_name_file_line_and_field(self, text, message):
+    path = self._write(text)
+    with self.assertRaisesRegex(jsonl.JsonlError, rf"^{path}{message}"):
+      jsonl.read_jsonl(path)
+
+  def test_surrogate_pairs_and_big_numbers_within_limits_load(self):
+    path = self._write('{"prompt": "\\ud83d\\ude00", "n": ' + "9" * 4000 + ', "x": 1e308}\n')
+    entry = jsonl.read_jsonl(path)[0]
+    self.assertEqual(entry["prompt"], "\U0001F600")
+    self.assertEqual(entry["n"], int("9" * 4000))
+
+  def test_parse_json_is_the_shared_strict_reader(self):
+    self.assertEqual(jsonl.parse_json('{"a": [1, 2.5, "x"]}', "f:1"), {"a": [1, 2.5, "x"]})
+    for text, message in (('{"a": 1,}', "^f:1: invalid JSON"),
+                          ('[Infinity]', r"^f:1: field '\[0\]' is Infinity"),
+                          ("[" * 100_000, "^f:1: JSON nested too deeply")):
+      with self.assertRaisesRegex(jsonl.JsonlError, message):
+        jsonl.parse_json(text, "f:1")
+
+  def test_write_refuses_what_read_refuses(self):
+    with self.assertRaisesRegex(ValueError, "JSON"):
+      jsonl.write_jsonl(self._write(""), [{"prompt": "a", "x": float("nan")}])
+
   def test_required_keys(self):
     path = self._write('{"prompt": "a", "answer": "1"}\n{"prompt": "b"}\n')
     with self.assertRaisesRegex(ValueError, r":2: missing key\(s\) \['answer'\]"):

@@ -11,7 +11,8 @@ per-epoch, per-seed order.
 Requires tensorflow-datasets and importlib_resources (the `envs` extra), imported lazily.
 """
 from collections.abc import Mapping, Sequence
-import json
+
+from agentrl.data import jsonl
 
 INSTALL_HINT = "pip install -e '.[envs]'"
 
@@ -70,7 +71,7 @@ class ArrayRecordSource(Sequence):
     if (data_dir is None) == (data_source is None):
       raise ValueError("ArrayRecordSource needs exactly one of data_dir= (prepared JSONL "
                        "prompts) or data_source= (a tfds data source).")
-    self._json_records = data_source is None
+    self._json_records, self._where = data_source is None, data_dir
     if data_source is None:
       data_source = _builder(data_dir=data_dir).as_data_source(split=split)
     self._source, self._fields = data_source, dict(fields or {})
@@ -83,7 +84,8 @@ class ArrayRecordSource(Sequence):
       raise IndexError(f"index {index} outside [0, {len(self)})")
     example = _decode(self._source[index])
     if self._json_records:
-      example = json.loads(example["record"])
+      # Records are validated JSONL entries, but a directory may predate a check or be edited.
+      example = jsonl.parse_json(example["record"], f"{self._where} record {index}")
     if not self._fields:
       return example
     missing = [f for f in self._fields.values() if f not in example]

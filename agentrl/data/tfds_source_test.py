@@ -5,6 +5,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from unittest import mock
 
 from absl.testing import absltest
 
@@ -74,6 +75,24 @@ class ArrayRecordSourceTest(absltest.TestCase):
       f.write('{"prompt": "a"}\n{"prompt": \n')
     with self.assertRaisesRegex(ValueError, f"{bad}:2: invalid JSON"):
       tfds_source.prepare_jsonl(bad, os.path.join(self.tmp, "bad_tfds"))
+
+
+class RecordTest(absltest.TestCase):
+  """Prepared records are read with the strict JSONL reader (no tfds needed: a fake builder)."""
+
+  def test_unusable_record_names_the_directory_record_and_field(self):
+    records = [{"record": b'{"prompt": "a"}'}, {"record": b'{"prompt": "b\\ud800"}'},
+               {"record": b'{"prompt": "c", "x": NaN}'}]
+    builder = mock.Mock()
+    builder.as_data_source.return_value = records
+    with mock.patch.object(tfds_source, "_builder", return_value=builder):
+      source = tfds_source.ArrayRecordSource(data_dir="/d/tfds")
+    self.assertEqual(source[0], {"prompt": "a"})
+    with self.assertRaisesRegex(jsonl.JsonlError, r"^/d/tfds record 1: field 'prompt' holds a "
+                                r"lone surrogate '\\ud800'"):
+      source[1]
+    with self.assertRaisesRegex(jsonl.JsonlError, r"^/d/tfds record 2: field 'x' is NaN"):
+      source[2]
 
 
 class NoJaxTest(absltest.TestCase):
