@@ -52,7 +52,9 @@ class ReasoningGymTask:
   Scorers parse model text with sympy, which can compute for ever holding the GIL (an answer of
   `10**10**10`), so they run in `agentrl.rewards.bounded`'s worker processes: an answer whose
   scoring takes more than verify_timeout_s seconds, or more memory than the workers' limit,
-  scores 0.0.
+  scores 0.0. Some scorers hand the answer to sympy's `parse_expr` or to `eval`; in those
+  workers both evaluate only an allow-list of expressions (`agentrl.rewards.untrusted`), so an
+  answer such as `__import__('os').system(...)` scores 0.0 and runs nothing.
   """
 
   def __init__(self, name: str, *, seed_offset: int = 0, answer_mode: str = "tag_or_last_line",

@@ -1,5 +1,9 @@
 """Tests for agentrl.envs.reasoning_gym_env (skipped if reasoning-gym is not installed)."""
+import os
+import shutil
+import subprocess
 import sys
+import tempfile
 import time
 from unittest import mock
 
@@ -104,6 +108,62 @@ class HostileAnswerTest(parameterized.TestCase):
   def test_reward_fn_is_bounded_too(self):
     task = reasoning_gym_env.ReasoningGymTask("polynomial_multiplication", verify_timeout_s=1.0)
     self.assertEqual(task.reward("<answer>10**10**10</answer>", task.entry(3)), 0.0)
+
+
+# Scorers that run the answer as Python: sympy's parse_expr (which ends in `eval`) or `eval`.
+_SYMPY_SCORERS = ("simple_integration", "intermediate_integration", "polynomial_multiplication",
+                  "puzzle24", "countdown")
+_EVAL_SCORERS = ("string_insertion", "spiral_matrix", "binary_matrix", "n_queens")
+
+
+def _exploits(path: str, victim: int) -> dict[str, str]:
+  """Answers that, run as Python, create `path` or kill process `victim`."""
+  built = "+".join(f"chr({ord(c)})" for c in f"open({path!r}, 'w')")
+  return {
+      "open": f"open({path!r}, 'w')",
+      "system": f"__import__('os').system('touch {path}')",
+      "kill": f"__import__('os').kill({victim}, 9)",
+      "attribute_chain": ("().__class__.__bases__[0].__subclasses__()[-1].__init__.__globals__"
+                          f"['__builtins__']['open']({path!r}, 'w')"),
+      "comprehension": ("[c for c in ().__class__.__bases__[0].__subclasses__() if c.__name__ =="
+                        " '_wrap_close'][0].__init__.__globals__['system']"
+                        f"('touch {path}')"),
+      "string_building": f"sympify({built})",
+  }
+
+
+@absltest.skipIf(reasoning_gym is None, _SKIP)
+class AnswersAreNeverRunTest(parameterized.TestCase):
+
+  @parameterized.parameters(*_SYMPY_SCORERS, *_EVAL_SCORERS)
+  def test_code_in_an_answer_scores_zero_and_does_nothing(self, name):
+    victim = subprocess.Popen(["sleep", "60"])
+    self.addCleanup(victim.wait)
+    self.addCleanup(victim.kill)
+    task = reasoning_gym_env.ReasoningGymTask(name)
+    entry = task.entry(0)
+    tmp = tempfile.mkdtemp()
+    self.addCleanup(shutil.rmtree, tmp)
+    for kind, answer in _exploits(os.path.join(tmp, "pwned"), victim.pid).items():
+      score, _, info = task.score(answer, entry)
+      self.assertLessEqual(score, 0.01, kind)  # the scorer's floor for a rejected answer
+      self.assertNotIn(safe.VERIFY_TIMEOUT, info)
+      self.assertEqual(os.listdir(tmp), [], kind)
+      self.assertIsNone(victim.poll(), kind)
+
+  @parameterized.parameters(*_SYMPY_SCORERS)
+  def test_gold_answers_of_sympy_scorers_still_score_one(self, name):
+    task = reasoning_gym_env.ReasoningGymTask(name)
+    for seed in (0, 1, 7, 2000):
+      entry = task.entry(seed)
+      self.assertEqual(task.score(entry["answer"], entry), (1.0, "", {}), (seed, entry["answer"]))
+
+  def test_python_list_answers_still_get_partial_credit(self):
+    task = reasoning_gym_env.ReasoningGymTask("binary_matrix")
+    entry = task.entry(0)
+    rows = [[int(x) for x in row.split()] for row in entry["answer"].splitlines()]
+    self.assertEqual(task.score(entry["answer"], entry)[0], 1.0)
+    self.assertEqual(task.score(repr(rows), entry)[0], 0.1)  # the scorer's `eval` of a list
 
 
 class MissingPackageTest(absltest.TestCase):

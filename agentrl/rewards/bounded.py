@@ -24,10 +24,22 @@ start_timeout_s rather than timeout_s, so a fresh worker does not time out a fas
 Workers form a pool that grows on demand up to max_workers, so calls from many env threads run
 side by side; a thread that finds every worker busy waits for one. fn, setup, args and the
 result cross the process boundary by pickle (module-level functions or functools.partial of
-them). POSIX only. The limits bound time and memory, not what fn does: this is no sandbox
-(sympy's `parse_expr`, which some reasoning-gym scorers call on the answer, runs it as Python).
+them). POSIX only.
+
+The limits bound time and memory, not what fn does. A pool for verifiers of model text is made
+with `untrusted=True` (the shared pool behind `call` is): its workers run
+`agentrl.rewards.untrusted`'s guards, so that sympy's parser and the `eval` of scorer packages
+evaluate only an allow-list of expressions, and an audit hook refuses file writes, processes,
+signals and sockets during each call (setups run unguarded). A refused action raises `Refused`
+here, whatever fn returned, and its worker is replaced. Such a pool's replies are unpickled
+accepting only plain data and builtin exceptions, so not even a subverted worker can run code in
+this process through its reply; fn's results must be plain (numbers, strings, containers of
+them), and fn's errors come back as builtin exceptions with their message.
 """
 import atexit
+import builtins
+import contextlib
+import io
 import math
 from multiprocessing import connection
 import os
@@ -45,7 +57,7 @@ DEFAULT_MEMORY_BYTES = 2 << 30
 _CPU_SLACK_S = 1  # the in-worker CPU backstop fires this long after the parent's deadline
 _ONE_THREAD = {k: "1" for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")}
 _WORKER_MAIN = ("import sys; from agentrl.rewards import bounded; "
-                "bounded.serve(int(sys.argv[1]), int(sys.argv[2]))")
+                "bounded.serve(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == 'untrusted')")
 
 
 class LimitExceeded(Exception):
@@ -64,10 +76,24 @@ class WorkerDied(RuntimeError):
   """The worker process died during the call (e.g. a crash in native code)."""
 
 
+class Refused(RuntimeError):
+  """An untrusted call did what its pool refuses (see the module docstring); worker replaced."""
+
+
+class _PlainUnpickler(pickle.Unpickler):
+  """Accepts plain data and builtin exceptions only: an untrusted worker's reply."""
+
+  def find_class(self, module, name):
+    value = getattr(builtins, name, None) if module == "builtins" else None
+    if isinstance(value, type) and issubclass(value, BaseException):
+      return value
+    raise pickle.UnpicklingError(f"{module}.{name} is not allowed in an untrusted reply")
+
+
 class _Worker:
   """One worker process and the parent's end of its socket."""
 
-  def __init__(self, memory_bytes: int):
+  def __init__(self, memory_bytes: int, untrusted: bool):
     parent_end, child_end = socket.socketpair()
     path = [os.path.abspath(p or os.curdir) for p in sys.path]  # as multiprocessing's spawn
     # One thread per worker: numeric libraries' thread pools would also spend the CPU-time
@@ -75,11 +101,22 @@ class _Worker:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(path), **_ONE_THREAD)
     with child_end:
       self.proc = subprocess.Popen(
-          [sys.executable, "-c", _WORKER_MAIN, str(child_end.fileno()), str(memory_bytes)],
+          [sys.executable, "-c", _WORKER_MAIN, str(child_end.fileno()), str(memory_bytes),
+           "untrusted" if untrusted else "trusted"],
           pass_fds=(child_end.fileno(),), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
           stderr=subprocess.DEVNULL, env=env, start_new_session=True)  # Ctrl-C: parent only
     self.conn = connection.Connection(parent_end.detach())
+    self.untrusted = untrusted
     self.setups = set()  # pickled setup callables already run in this worker
+
+  def _reply(self) -> tuple[str, Any]:
+    data = self.conn.recv_bytes()
+    if not self.untrusted:
+      return pickle.loads(data)
+    try:
+      return _PlainUnpickler(io.BytesIO(data)).load()
+    except Exception as e:  # pylint: disable=broad-except
+      return "refused", f"its reply was not plain data ({type(e).__name__}: {e})"
 
   def request(self, message: tuple, timeout_s: float) -> Any:
     try:
@@ -91,7 +128,7 @@ class _Worker:
       self.kill()
       raise Timeout(f"timed out after {timeout_s:g} s (its worker process was killed)")
     try:
-      status, value = pickle.loads(self.conn.recv_bytes())
+      status, value = self._reply()
     except (EOFError, OSError):
       self.kill()
       raise WorkerDied(f"the worker process died ({describe_exit(self.proc.returncode)})"
@@ -99,6 +136,9 @@ class _Worker:
     if status == "memory":
       self.kill()  # a failed allocation may have left its state half-built
       raise OutOfMemory(f"used more than its memory limit ({value})")
+    if status == "refused":
+      self.kill()  # it may have been changed by what it refused
+      raise Refused(f"refused {value}")
     if status == "error":
       raise value
     return value
@@ -136,15 +176,18 @@ class Pool:
     max_workers: most workers at once (calls in flight); more callers wait for a free one.
     memory_bytes: address-space limit of each worker (RLIMIT_AS).
     start_timeout_s: time limit of a `setup` call (and of starting the worker).
+    untrusted: guard each call as one on model text (see the module docstring).
   """
 
   def __init__(self, *, max_workers: int | None = None,
-               memory_bytes: int = DEFAULT_MEMORY_BYTES, start_timeout_s: float = 120.0):
+               memory_bytes: int = DEFAULT_MEMORY_BYTES, start_timeout_s: float = 120.0,
+               untrusted: bool = False):
     self.max_workers = max_workers or max(4, os.cpu_count() or 1)
     if self.max_workers < 1 or memory_bytes < 1 or start_timeout_s <= 0:
       raise ValueError(f"need max_workers, memory_bytes and start_timeout_s > 0; got "
                        f"{max_workers}, {memory_bytes}, {start_timeout_s}.")
     self.memory_bytes, self.start_timeout_s = memory_bytes, start_timeout_s
+    self.untrusted = untrusted
     self._free = threading.Condition()
     self._idle: list[_Worker] = []
     self._live = 0
@@ -164,9 +207,9 @@ class Pool:
       self.started += 1
     worker = None
     try:
-      worker = _Worker(self.memory_bytes)
+      worker = _Worker(self.memory_bytes, self.untrusted)
       # Waits for the interpreter to start, so that it never counts against a call's limit.
-      worker.request((int, (), self.start_timeout_s), self.start_timeout_s)
+      worker.request((int, (), self.start_timeout_s, True), self.start_timeout_s)
       return worker
     except BaseException:
       if worker is not None:
@@ -192,9 +235,9 @@ class Pool:
       if setup is not None:
         key = pickle.dumps(setup)
         if key not in worker.setups:
-          worker.request((setup, (), self.start_timeout_s), self.start_timeout_s)
+          worker.request((setup, (), self.start_timeout_s, True), self.start_timeout_s)
           worker.setups.add(key)
-      return worker.request((fn, args, timeout_s), timeout_s)
+      return worker.request((fn, args, timeout_s, False), timeout_s)
     finally:
       self._give_back(worker)
 
@@ -207,13 +250,13 @@ class Pool:
       worker.kill()
 
 
-_POOL = Pool()
+_POOL = Pool(untrusted=True)
 atexit.register(_POOL.close)
 
 
 def call(fn: Callable[..., Any], *args, timeout_s: float = DEFAULT_TIMEOUT_S,
          setup: Callable[[], Any] | None = None) -> Any:
-  """fn(*args) in the shared pool's worker processes (see the module docstring)."""
+  """fn(*args) in the shared pool's untrusted worker processes (see the module docstring)."""
   return _POOL.call(fn, *args, timeout_s=timeout_s, setup=setup)
 
 
@@ -235,24 +278,33 @@ def _portable(error: BaseException) -> BaseException:
     return RuntimeError(f"{type(error).__name__}: {error}")
 
 
-def serve(fd: int, memory_bytes: int) -> None:
-  """Worker main: answer (fn, args, timeout_s) requests until the socket closes."""
+def serve(fd: int, memory_bytes: int, untrusted: bool = False) -> None:
+  """Worker main: answer (fn, args, timeout_s, trusted) requests until the socket closes."""
   resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
   resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
   conn = connection.Connection(fd)
+  guard, portable = contextlib.nullcontext, _portable
+  if untrusted:
+    from agentrl.rewards import untrusted as untrusted_lib  # pylint: disable=g-import-not-at-top
+    untrusted_lib.install()
+    guard, portable = untrusted_lib.guard, untrusted_lib.plain_exception
   while True:
     try:
       message = conn.recv_bytes()
     except (EOFError, OSError):
       return  # the parent closed the socket or died
     try:
-      fn, args, timeout_s = pickle.loads(message)  # may import fn's module
+      fn, args, timeout_s, trusted = pickle.loads(message)  # may import fn's module
       _arm_cpu_backstop(timeout_s)
-      reply = ("ok", fn(*args))
+      with contextlib.nullcontext() if trusted else guard():
+        reply = ("ok", fn(*args))
     except MemoryError as e:
       reply = ("memory", f"{memory_bytes / (1 << 30):g} GiB")
     except Exception as e:  # pylint: disable=broad-except
-      reply = ("error", _portable(e))
+      reply = ("error", portable(e))
+    refusal = untrusted and untrusted_lib.take_refusal()
+    if refusal:
+      reply = ("refused", refusal)  # even if fn caught the PermissionError and returned
     resource.setrlimit(resource.RLIMIT_CPU, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
     try:
       data = pickle.dumps(reply)

@@ -15,7 +15,9 @@ float it builds is large). math_equal runs sympy on model text, which can comput
 holding the GIL (`10**10**10`), so it always runs in `agentrl.rewards.bounded`'s worker
 processes, bounded in time and memory; there, in the worker's main thread, math-verify's own
 `signal.alarm` timeouts (which raise ValueError outside the main thread, docs/offline.md §4)
-also work.
+also work. math-verify parses plain-text answers with sympy's `parse_expr`, which ends in
+Python's `eval`; in those workers it evaluates only an allow-list of expressions
+(`agentrl.rewards.untrusted`), so model text never runs as Python.
 """
 import fractions
 import math
