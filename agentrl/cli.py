@@ -21,8 +21,9 @@ A missing config file, an unknown preset, an unknown or mistyped `--config.<key>
 closest existing key) and a bad flag become `error: ...` and exit code 2. `run` does the same
 for the errors a user can fix (ConfigError, an unusable or busy workdir, unreadable model
 files, checkpoints or JSONL data; exit 2) and for a run the loop stopped (divergence,
-collapse; exit 1), and on Ctrl-C names the last checkpoint (exit 130). Anything else is a bug
-and keeps its traceback.
+collapse; exit 1). On Ctrl-C (SIGINT) or SIGTERM it stops in order, names the last checkpoint
+and exits with 130 or 143 without the interpreter's teardown (agentrl/shutdown.py says why).
+Anything else is a bug and keeps its traceback.
 """
 from collections.abc import Callable, Mapping, Sequence
 import difflib
@@ -38,6 +39,7 @@ from agentrl import checkpoint
 from agentrl import configs
 from agentrl import loop
 from agentrl import rundir
+from agentrl import shutdown
 from agentrl.data import jsonl
 from agentrl.models import hf
 
@@ -195,7 +197,8 @@ def describe_config(config, schema: Mapping[str, configs.Key] | None) -> str:
 
 
 def run(train: Callable[[Any, str], Any], config, workdir: str):
-  """train(config, workdir), with user errors, a stopped run and Ctrl-C as one line each.
+  """train(config, workdir), with user errors, a stopped run, Ctrl-C and SIGTERM as one line
+  each.
 
   An empty `workdir` means `default_workdir()`. With --print_config it prints the config and
   the experiment's SCHEMA (the module global next to `train`) instead of training.
@@ -206,14 +209,18 @@ def run(train: Callable[[Any, str], Any], config, workdir: str):
           f"({train.__globals__.get('__file__', 'the experiment file')}).")
     return None
   workdir = workdir or default_workdir()
-  try:
-    return train(config, workdir)
-  except USER_ERRORS as e:
-    _fail(str(e))
-  except loop.TrainingStopped as e:
-    _fail(str(e), code=1)
-  except KeyboardInterrupt:
-    steps = checkpoint.saved_steps(os.path.join(workdir, "ckpt"))
-    where = (f"the last checkpoint is step {steps[-1]} in {os.path.join(workdir, 'ckpt')}; "
-             "the same command resumes from it" if steps else "no checkpoint was written yet")
-    _fail(f"interrupted; {where}", code=130)
+  ckpt_dir = os.path.join(workdir, "ckpt")
+  with shutdown.handle_signals(ckpt_dir):  # still set while the message is written
+    try:
+      return train(config, workdir)
+    except USER_ERRORS as e:
+      _fail(str(e))
+    except loop.TrainingStopped as e:
+      _fail(str(e), code=1)
+    except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM; the code it unwound stopped in order
+      name, code = shutdown.describe(e)
+      steps = checkpoint.saved_steps(ckpt_dir)
+      where = (f"the last checkpoint is step {steps[-1]} in {ckpt_dir}; the same command "
+               "resumes from it" if steps else "no checkpoint was written yet")
+      print(f"error: interrupted ({name}); {where}", file=sys.stderr)
+      shutdown.exit_now(code)

@@ -19,11 +19,14 @@ Exact resume. Step s draws its randomness from `fold_in(rng, s)` and its prompts
 stream, whose position (`state()`) is checkpointed with the train state. A run killed at any
 point (SIGKILL included) and started again with the same workdir restores the last complete
 checkpoint, drops later metrics records, and reproduces the uninterrupted run's records
-exactly on CPU (the time and throughput fields aside).
+exactly on CPU (the time and throughput fields aside). On Ctrl-C or SIGTERM (`agentrl.shutdown`,
+set up by `cli.run`) the exception leaves `run` after the background rollout is abandoned, a
+checkpoint save in flight is finished and the metrics files are closed.
 """
 from collections.abc import Callable, Mapping, Sequence
 import dataclasses
 import math
+import sys
 import time
 from typing import Any, Protocol
 
@@ -38,6 +41,7 @@ from agentrl import health
 from agentrl import metrics as metrics_lib
 from agentrl import minibatch
 from agentrl import overlap
+from agentrl import shutdown
 from agentrl import types
 from agentrl.losses import aggregation
 from agentrl.losses import kl
@@ -276,12 +280,14 @@ def run(state, *, rng: jax.Array, total_steps: int, workdir: str,
   beat = metrics_lib.Heartbeat(heartbeat_s if console else 0.0)
   limits = {"skipped": stop_after_skipped, "collapsed": stop_after_collapsed}
   streak, last_saved, first_step = {"skipped": 0, "collapsed": 0}, step, step + 1
+  interrupted = False
   try:
     with beat:
       if evaluate is not None and "0" not in evals:
         evals["0"] = _evaluate(evaluate, state.params, beat, "baseline evaluation")
         writer.write(0, evals["0"])  # the baseline point of every eval curve
       while step < total_steps:
+        shutdown.check()  # an interrupt whose exception Python swallowed stops the run here
         step += 1
         state, record = _step(state, step, rng, producer, score_fn, advantage_fn, update_fn,
                               epochs=epochs, num_minibatches=num_minibatches, shuffle=shuffle,
@@ -306,16 +312,37 @@ def run(state, *, rng: jax.Array, total_steps: int, workdir: str,
           if k:  # the pending rollouts' params and the stream position after step's rollout
             tree["pending"] = producer.pending_tree(step)
             meta.update(pending=producer.pending_meta(step), data=producer.data_state)
-          if ckpt.save(step, tree, meta, force=step == total_steps):
-            last_saved = step
+          with shutdown.deferred():  # an interrupt never leaves a save half-started
+            saved = ckpt.save(step, tree, meta, force=step == total_steps)
+          last_saved = step if saved else last_saved
+  except KeyboardInterrupt:
+    interrupted = True
+    raise
   finally:
-    producer.close()
-    ckpt.close()
-    writer.close()
+    _close(producer, ckpt, writer, interrupted=interrupted)
   return Result(state=state, step=step, records=metrics_lib.read_jsonl(writer.path),
                 evals={k: {m: v for m, v in e.items() if m != "time/eval"}
                        for k, e in evals.items()},
                 wall_seconds=time.perf_counter() - start, steps_run=step - first_step + 1)
+
+
+def _close(producer, ckpt, writer, *, interrupted: bool) -> None:
+  """Stops the rollout thread, finishes checkpoint writes and closes the metrics files.
+
+  After Ctrl-C or SIGTERM the rollout being made in the background is abandoned rather than
+  awaited (it can take minutes; its results would be dropped anyway), and a save the interrupt
+  cut short is reported, not raised: its temporary directory is never read as a checkpoint.
+  """
+  producer.close(wait=not interrupted)
+  try:
+    ckpt.close()
+  except Exception as e:  # pylint: disable=broad-except
+    if not interrupted:
+      raise
+    print(f"warning: the checkpoint being saved when interrupted was not finished "
+          f"({type(e).__name__}: {e}); resuming uses the last complete one.", file=sys.stderr)
+  finally:
+    writer.close()
 
 
 def _evaluate(evaluate, params, beat, label: str) -> dict[str, float]:

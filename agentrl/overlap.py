@@ -105,12 +105,14 @@ class RolloutProducer:
       if entry.future is not None:
         entry.future.result()
 
-  def close(self) -> None:
+  def close(self, wait: bool = True) -> None:
+    """Cancels the rollouts not started; with `wait`, waits for the one being made (without,
+    the thread finishes it alone and its result is dropped)."""
     if self._pool is not None:
       for entry in self._pending.values():
         if entry.future is not None:
           entry.future.cancel()
-      self._pool.shutdown(wait=True)
+      self._pool.shutdown(wait=wait)
 
   def _schedule(self, t: int, inputs: Any) -> None:
     version = behaviour_version(t, self.k)

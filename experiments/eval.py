@@ -39,6 +39,7 @@ evaluation steps (every `eval.every`), so the default run's steps 25, 50, ..., 1
 evaluated; a step that was not kept is an error that lists the ones that were. pass@k:
 `--config.ks=1,4` (or `'[1,4]'`), each k <= `samples`.
 """
+import dataclasses
 import hashlib
 import json
 import math
@@ -140,8 +141,11 @@ def read_run_config(run_dir: str) -> mlc.ConfigDict:
   """The run's config.json, its keys checked against the shared RL schema (any task), so a
   damaged or hand-edited file fails in one line naming it and the key, before anything is
   built. No experiment imports another, so a method's own keys are not checked here; evaluation
-  reads none of them."""
-  schema = {**recipe.RL_SCHEMA, "task.name": configs.Key(str, choices=recipe.TASKS)}
+  reads none of them. Methods tighten or relax the shared bounds (MSSR runs groups of one), so
+  only the keys evaluation reads keep theirs; the others are checked for their type."""
+  schema = {k: v if k.startswith(RUN_KEYS) else dataclasses.replace(v, min=None, max=None)
+            for k, v in recipe.RL_SCHEMA.items()}
+  schema["task.name"] = configs.Key(str, choices=recipe.TASKS)
   return rundir.read_config(run_dir, schema, required=RUN_KEYS)
 
 
