@@ -168,13 +168,22 @@ def read_jsonl(path: str, *, required: Sequence[str] = ("prompt",)) -> list[dict
 
 
 def write_jsonl(path: str, entries) -> None:
-  """Writes one JSON object per line; refuses (JsonlError) what `read_jsonl` would refuse."""
-  with open(path, "w", encoding="utf-8") as f:
-    for i, entry in enumerate(entries):
-      problem = _problem(entry)
-      if problem:
-        raise JsonlError(f"{path}: entry {i}: {problem}.")
-      f.write(json.dumps(entry) + "\n")
+  """Writes one JSON object per line; refuses (JsonlError) what `read_jsonl` would refuse.
+
+  The file is replaced whole, so a refused entry leaves an earlier file at `path` untouched.
+  """
+  tmp = f"{path}.tmp-{os.getpid()}"
+  try:
+    with open(tmp, "w", encoding="utf-8") as f:
+      for i, entry in enumerate(entries):
+        problem = _problem(entry)
+        if problem:
+          raise JsonlError(f"{path}: entry {i}: {problem}.")
+        f.write(json.dumps(entry) + "\n")
+    os.replace(tmp, path)
+  finally:
+    if os.path.exists(tmp):
+      os.remove(tmp)
 
 
 class JsonlSource(Sequence):

@@ -108,9 +108,12 @@ class JsonlTest(parameterized.TestCase):
       with self.assertRaisesRegex(jsonl.JsonlError, message):
         jsonl.parse_json(text, "f:1")
 
-  def test_write_refuses_what_read_refuses(self):
+  def test_write_refuses_what_read_refuses_and_keeps_the_earlier_file(self):
+    path = self._write('{"prompt": "kept"}\n')
     with self.assertRaisesRegex(ValueError, "JSON"):
-      jsonl.write_jsonl(self._write(""), [{"prompt": "a", "x": float("nan")}])
+      jsonl.write_jsonl(path, [{"prompt": "a"}, {"prompt": "b", "x": float("nan")}])
+    self.assertEqual(jsonl.read_jsonl(path), [{"prompt": "kept"}])
+    self.assertEqual(os.listdir(os.path.dirname(path)), [os.path.basename(path)])
 
   def test_required_keys(self):
     path = self._write('{"prompt": "a", "answer": "1"}\n{"prompt": "b"}\n')
