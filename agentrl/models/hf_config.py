@@ -242,10 +242,10 @@ def gguf_arch(reader) -> str:
   return arch
 
 
-def _uniform(value, key: str):
+def _uniform(value, key: str, where: str):
   if isinstance(value, list):
     if len(set(value)) != 1:
-      raise ModelFileError(f"GGUF {key} varies per layer ({value}); not supported.")
+      raise ModelFileError(f"{where}: GGUF {key} varies per layer ({value}); not supported.")
     return value[0]
   return value
 
@@ -270,7 +270,7 @@ def _llama3_from_freqs(reader, theta: float, head_dim: int, where: str) -> dict[
 def config_from_gguf(reader, *, where: str = "model.gguf", **overrides) -> transformer.Config:
   """A Config from a `gguf_file.GgufFile`'s metadata (llama.cpp key names) and shapes."""
   arch = gguf_arch(reader)
-  key = lambda k, default=_NO_DEFAULT: _uniform(_field(reader, f"{arch}.{k}", default), k)
+  key = lambda k, default=_NO_DEFAULT: _uniform(_field(reader, f"{arch}.{k}", default), k, where)
   names = {name: t.shape for name, t in reader.tensors.items()}
   width, heads = int(key("embedding_length")), int(key("attention.head_count"))
   head_dim = int(key("attention.key_length", width // heads))

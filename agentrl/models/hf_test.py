@@ -5,6 +5,7 @@ Logit parity with transformers itself is tests/parity_test.py (committed golden 
 import dataclasses
 import json
 import os
+import re
 import shutil
 import tempfile
 from unittest import mock
@@ -425,6 +426,22 @@ class GgufTest(parameterized.TestCase):
     w.write_tensors_to_file()
     w.close()
     with self.assertRaisesRegex(ValueError, "GGUF architecture 'phi3' is not supported"):
+      hf.load(path)
+
+  def test_per_layer_head_counts_name_the_file(self):
+    import gguf  # pylint: disable=g-import-not-at-top
+    path = os.path.join(tempfile.mkdtemp(), "m.gguf")
+    w = gguf.GGUFWriter(path, "llama")
+    w.add_embedding_length(8)
+    w.add_head_count([2, 4])  # OpenELM-style per-layer heads
+    w.add_tensor("token_embd.weight", np.zeros((4, 8), np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with self.assertRaisesRegex(hf.ModelFileError,
+                                rf"^{re.escape(path)}: GGUF attention.head_count varies per "
+                                r"layer \(\[2, 4\]\)"):
       hf.load(path)
 
 
