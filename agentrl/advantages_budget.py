@@ -29,14 +29,6 @@ from agentrl import length_rewards
 BRPO_VARIANCE_REDUCTION = ("brpo", "v1only", "v2only", "none")
 
 
-def _grouped(x_BX: jax.Array, group_size: int) -> jax.Array:
-  """[B, ...] -> [P, G, ...] float32, with a readable error for a batch that does not split."""
-  if group_size < 1 or x_BX.ndim < 1 or x_BX.shape[0] % group_size:
-    raise ValueError(f"Expected a leading axis B divisible by group_size={group_size}; got "
-                     f"shape {x_BX.shape}. Rows [i*G, (i+1)*G) must hold prompt i's samples.")
-  return x_BX.astype(jnp.float32).reshape(-1, group_size, *x_BX.shape[1:])
-
-
 def _centre_over_group(x_PGX: jax.Array) -> jax.Array:
   """x - mean over axis 1; exactly 0 where the group's values are equal (min shift first)."""
   d_PGX = x_PGX - x_PGX.min(axis=1, keepdims=True)
@@ -86,7 +78,7 @@ def brpo_thinking(budget_score_BS: jax.Array, *, group_size: int, budget_probs: 
   p_S = _budget_probs(budget_probs)
   if p_S.shape[0] != S:
     raise ValueError(f"budget_probs has {p_S.shape[0]} entries but budget_score_BS has S={S}.")
-  R_PGS = _grouped(budget_score_BS, group_size)
+  R_PGS = advantages.grouped(budget_score_BS, group_size)
   tail_S = jnp.cumsum(p_S[::-1])[::-1]                           # sum_{j >= s} p_j
   # Shifting each row by its smallest score makes constant scores give Ret - V1 = 0 exactly.
   d_PGS = R_PGS - R_PGS.min(axis=2, keepdims=True)
@@ -139,7 +131,7 @@ def brpo_summary(summary_score_BSA: jax.Array, cut_BS: jax.Array, *, group_size:
   B, S, A = summary_score_BSA.shape
   scores = summary_score_BSA.astype(jnp.float32)
   if A == 1:
-    adv_BSA = _centre_over_group(_grouped(scores, group_size)).reshape(B, S, A)
+    adv_BSA = _centre_over_group(advantages.grouped(scores, group_size)).reshape(B, S, A)
   else:
     same_BSS = cut_BS[:, :, None] == cut_BS[:, None, :]          # slots sharing a cut
     # Shift by the cut's lowest score: a cut whose summaries all score alike gets exactly 0.
@@ -189,8 +181,8 @@ def hbpo(reward_B: jax.Array, budget_B: jax.Array, *, group_size: int, intra_coe
   inter_B = advantages.grpo(reward_B, group_size=group_size, eps=eps)
   if group_size == 1:
     return inter_B
-  R_PG = _grouped(reward_B, group_size)
-  b_PG = _grouped(budget_B, group_size)
+  R_PG = advantages.grouped(reward_B, group_size)
+  b_PG = advantages.grouped(budget_B, group_size)
   same_PGG = (b_PG[:, :, None] == b_PG[:, None, :]).astype(jnp.float32)
   mu_PG = jnp.einsum("pgh,ph->pg", same_PGG, R_PG) / same_PGG.sum(-1)
   f2_PG = length_rewards.hbpo_budget_reward(b_PG, max_len=max_len, beta=beta, pi=pi)
@@ -239,7 +231,7 @@ def decs(score_B: jax.Array, redundant_BT: jax.Array, loss_mask_BT: jax.Array, *
   """
   r_BT = decs_token_rewards(score_B, redundant_BT, loss_mask_BT,
                             max_response_len=max_response_len, beta=beta)
-  r_PGT = _grouped(r_BT, group_size)
+  r_PGT = advantages.grouped(r_BT, group_size)
   if group_size == 1:
     adv_PGT = r_PGT / (1.0 + eps)
   else:

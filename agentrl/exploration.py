@@ -21,10 +21,6 @@ import jax.numpy as jnp
 
 from agentrl import advantages
 
-# One validator and reshape for every grouped estimator ([B] -> [P, G] f32, readable errors).
-_grouped = advantages._grouped  # pylint: disable=protected-access
-_centre = advantages._centre  # pylint: disable=protected-access
-
 REDUCTIONS = ("mean", "max")
 
 
@@ -126,8 +122,8 @@ def g2rl_scale(novelty_B: jax.Array, *, group_size: int, alpha: float = 1.0,
   centring on the group mean]. A group whose novelties are all equal (identical responses)
   gets exactly 1, and so does alpha = 0.
   """
-  n_PG = _grouped(novelty_B, group_size)
-  s_PG = jnp.clip(1.0 + alpha * _centre(n_PG), 1.0 - bound, 1.0 + bound)
+  n_PG = advantages.grouped(novelty_B, group_size)
+  s_PG = jnp.clip(1.0 + alpha * advantages.centre(n_PG), 1.0 - bound, 1.0 + bound)
   return s_PG.reshape(-1)
 
 

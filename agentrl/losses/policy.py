@@ -72,8 +72,8 @@ def vanilla_pg(logp_BT: jax.Array, old_logp_BT: jax.Array, adv_BT: jax.Array,
   return loss_BT, _common.ratio_metrics(jnp.exp(log_ratio_BT), valid_BT, log_ratio_BT, valid_BT)
 
 
-def _ppo_terms(ratio_BT, clipped_BT, adv_BT, threshold_BT, high_BT, low_BT, valid_BT,
-               log_ratio_BT):
+def ppo_terms(ratio_BT, clipped_BT, adv_BT, threshold_BT, high_BT, low_BT, valid_BT,
+              log_ratio_BT):
   """Dual-clip PPO per token (verl `compute_policy_loss_vanilla`); threshold None: no dual."""
   loss1_BT, loss2_BT = -adv_BT * ratio_BT, -adv_BT * clipped_BT
   loss_BT = jnp.maximum(loss1_BT, loss2_BT)
@@ -105,7 +105,7 @@ def ppo_clip(logp_BT: jax.Array, old_logp_BT: jax.Array, adv_BT: jax.Array, mask
   adv_BT = _common.token_adv(adv_BT, logp_BT)
   log_ratio_BT = ratios.token_log_ratio(logp_BT, old_logp_BT, mask_BT, clamp=_common.CLAMP)
   ratio_BT = jnp.exp(log_ratio_BT)
-  return _ppo_terms(ratio_BT, jnp.clip(ratio_BT, 1.0 - eps_low, 1.0 + eps_high), adv_BT,
+  return ppo_terms(ratio_BT, jnp.clip(ratio_BT, 1.0 - eps_low, 1.0 + eps_high), adv_BT,
                     dual_clip, ratio_BT > 1.0 + eps_high, ratio_BT < 1.0 - eps_low, valid_BT,
                     log_ratio_BT)
 
@@ -156,7 +156,7 @@ def ctpo(logp_BT: jax.Array, old_logp_BT: jax.Array, adv_BT: jax.Array, mask_BT:
     threshold_BT = jnp.full_like(rho_BT, dual_clip)
     high_BT, low_BT = rho_BT > 1.0 + eps_high, rho_BT < 1.0 - eps_low
   log_ratio_BT = ratios.token_log_ratio(logp_BT, old_logp_BT, mask_BT, clamp=_common.CLAMP)
-  loss_BT, metrics = _ppo_terms(rho_BT, clipped_BT, adv_BT, threshold_BT, high_BT, low_BT,
+  loss_BT, metrics = ppo_terms(rho_BT, clipped_BT, adv_BT, threshold_BT, high_BT, low_BT,
                                 valid_BT, log_ratio_BT)
   # `ratio_*` is r_t in every loss, so the ρ_t that CTPO clips is logged under its own name.
   metrics["cum_ratio_mean"], metrics["cum_ratio_max"] = metrics["ratio_mean"], metrics["ratio_max"]

@@ -23,10 +23,6 @@ from agentrl.losses import schedules
 SCOPES = ("batch", "row")
 
 
-# The grouped estimators' validator and reshape ([B] -> [P, G] f32, readable errors).
-_grouped = advantages._grouped  # pylint: disable=protected-access
-
-
 def _keep_count(fraction, n):
   """ceil(fraction * n), at least 1 when n > 0; a 1e-6 relative slack keeps 0.2 * 10 at 2."""
   n = n.astype(jnp.float32)
@@ -78,7 +74,7 @@ def max_variance_subset(value_B: jax.Array, *, group_size: int, k: int) -> jax.A
   [INF] Whether the kept rollouts' advantages are recomputed on the subset is the caller's
   choice; the paper's abstract does not say.
   """
-  x_PG = _grouped(value_B, group_size)
+  x_PG = advantages.grouped(value_B, group_size)
   if not 1 <= k <= group_size:
     raise ValueError(f"k must be in [1, group_size={group_size}]; got {k}.")
   x_PG = x_PG - x_PG.mean(axis=1, keepdims=True)  # centring keeps the sums well conditioned

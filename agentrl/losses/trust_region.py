@@ -40,7 +40,7 @@ def _adaptive_ppo(logp_BT, old_logp_BT, adv_BT, mask_BT, eps_low_BT, eps_high_BT
     adv_BT = jax.lax.stop_gradient(ratio_fn(jax.lax.stop_gradient(ratio_BT), adv_BT))
   lo_BT, hi_BT = 1.0 - eps_low_BT, 1.0 + eps_high_BT
   # The shared PPO terms of `policy` keep the loss and the metric definitions identical.
-  loss_BT, metrics = policy._ppo_terms(  # pylint: disable=protected-access
+  loss_BT, metrics = policy.ppo_terms(
       ratio_BT, jnp.clip(ratio_BT, lo_BT, hi_BT), adv_BT, dual_clip, ratio_BT > hi_BT,
       ratio_BT < lo_BT, valid_BT, log_ratio_BT)
   metrics["eps_low_mean"] = _common.stat_mean(eps_low_BT, valid_BT)
