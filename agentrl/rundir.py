@@ -137,7 +137,8 @@ def has_checkpoints(run_dir: str) -> bool:
   return any(checkpoint.saved_steps(os.path.join(run_dir, d)) for d in ("ckpt", "warm_start"))
 
 
-def _atomic_write(path: str, text: str) -> None:
+def atomic_write(path: str, text: str) -> None:
+  """Writes `text` to `path` through a temporary file and a rename."""
   with open(path + ".tmp", "w") as f:
     f.write(text)
   os.replace(path + ".tmp", path)  # atomic: a reader never sees half a file
@@ -173,8 +174,8 @@ def write_config(config: mlc.ConfigDict, workdir: str, *, experiment: str) -> fl
     for key, old, new in changes:
       print(f"Resuming {workdir} with config.{key} changed: {old!r} -> {new!r}", flush=True)
   if owner is None:
-    _atomic_write(os.path.join(workdir, RUN_FILE), json.dumps({"experiment": experiment}))
-  _atomic_write(path, config.to_json(indent=2))
+    atomic_write(os.path.join(workdir, RUN_FILE), json.dumps({"experiment": experiment}))
+  atomic_write(path, config.to_json(indent=2))
   return time.perf_counter()
 
 
@@ -248,7 +249,7 @@ def write_summary(workdir: str, result: loop.Result, *, name: str, start: float,
              "process_seconds": time.perf_counter() - start, "sft": sft_info or {},
              "final": {k: v for k, v in result.records[-1].items()
                        if k not in loop.TIMING_KEYS}, **(extra or {})}
-  _atomic_write(path, json.dumps(summary, indent=2))
+  atomic_write(path, json.dumps(summary, indent=2))
   plots.plot_curves(result.records, os.path.join(workdir, "curves.png"),
                     title=f"{name}: {workdir}")
   _print_summary(summary, result.records, workdir)

@@ -206,9 +206,7 @@ def train(config: mlc.ConfigDict, workdir: str) -> dict:
             **evaluate(config, run_config, engine, tok, recipe.make_task(run_config.task), params)}
   os.makedirs(workdir, exist_ok=True)
   path = os.path.join(workdir, result_name(config.run_dir, step))
-  with open(path + ".tmp", "w") as f:
-    json.dump(result, f, indent=2)
-  os.replace(path + ".tmp", path)
+  rundir.atomic_write(path, json.dumps(result, indent=2))
   rows = [[k, f"{v:.1%}"] for k, v in result.items() if k == "greedy_success" or "@" in k]
   print(metrics_lib.format_table([f"{config.run_dir} @ {step}", "held-out"], rows))
   print(f"wrote {path}")

@@ -71,10 +71,11 @@ class ReasoningGymTask:
     self.verify_timeout_s = verify_timeout_s
     self._rg = rg
     self._blocks = collections.OrderedDict()
-    self._dataset(0)  # fails now, not mid-rollout, on a bad config
+    self.block_dataset(0)  # fails now, not mid-rollout, on a bad config
     self._spec = (name, seed_offset, pickle.dumps(config))  # the task, rebuilt in a worker
 
-  def _dataset(self, block: int):
+  def block_dataset(self, block: int):
+    """The generated dataset of seeds [block * 1024, (block + 1) * 1024), cached."""
     if block not in self._blocks:
       self._blocks[block] = self._rg.create_dataset(
           self.name, size=_BLOCK, seed=self.seed_offset + _BLOCK * block, **self.config)
@@ -85,7 +86,7 @@ class ReasoningGymTask:
 
   def entry(self, seed: int) -> dict:
     block, index = divmod(int(seed), _BLOCK)
-    return {**self._dataset(block)[index], "seed": int(seed)}
+    return {**self.block_dataset(block)[index], "seed": int(seed)}
 
   def make_problem(self, seed: int) -> dict:
     """{"prompt", "answer", "seed", "entry"} for agentrl.data generator sources."""
@@ -111,8 +112,9 @@ class ReasoningGymTask:
       return 0.0, "scorer returned a non-finite value", {}
     return value, "", {}
 
-  def _score_here(self, answer: str, entry: dict) -> float:
-    dataset = self._dataset(int(entry.get("seed", 0)) // _BLOCK)
+  def score_unbounded(self, answer: str, entry: dict) -> float:
+    """The scorer called in this process, unbounded: what `score` runs in a worker."""
+    dataset = self.block_dataset(int(entry.get("seed", 0)) // _BLOCK)
     return float(dataset.score_answer(answer=answer, entry=entry))
 
   def reward(self, completion: str, entry: dict) -> float:
@@ -133,11 +135,11 @@ def _worker_task(spec: tuple) -> ReasoningGymTask:
 
 def _prepare_worker(spec: tuple, block: int) -> None:
   """Worker setup: imports reasoning-gym and builds the dataset block, outside the time limit."""
-  _worker_task(spec)._dataset(block)  # pylint: disable=protected-access
+  _worker_task(spec).block_dataset(block)
 
 
 def _score_in_worker(spec: tuple, answer: str, entry: dict) -> float:
-  return _worker_task(spec)._score_here(answer, entry)  # pylint: disable=protected-access
+  return _worker_task(spec).score_unbounded(answer, entry)
 
 
 class ReasoningGymEnv:

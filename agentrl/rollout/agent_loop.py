@@ -81,7 +81,7 @@ class GroupRollout:
   metrics: dict[str, float]
 
 
-class _Row:
+class Row:
   """Mutable transcript while a rollout runs."""
 
   def __init__(self, env: safe.SafeEnv, greedy: bool):
@@ -110,7 +110,7 @@ class _Row:
         infos=list(self.infos))
 
 
-class _Renderer:
+class Renderer:
   """Turns env text into token ids: the only place the loop calls `tok.encode`."""
 
   def __init__(self, tok, *, chat_template: bool, system_prompt: str | None):
@@ -145,7 +145,7 @@ class _Renderer:
     return ids
 
 
-def _apply_reset(row: _Row, obs: str, render: _Renderer, max_len: int, counts):
+def apply_reset(row: Row, obs: str, render: Renderer, max_len: int, counts):
   """Appends the first prompt rendered from env.reset's observation, or ends the row."""
   row.append(render.prompt(obs, row.env.system_prompt), turn=-1)
   row.prompt_len = len(row.tokens)
@@ -156,8 +156,8 @@ def _apply_reset(row: _Row, obs: str, render: _Renderer, max_len: int, counts):
     row.finish(truncated=True)
 
 
-def _apply_step(row: _Row, result, stopped: bool, turn: int, *, render: _Renderer,
-                last_turn: bool, max_len: int, counts):
+def apply_step(row: Row, result, stopped: bool, turn: int, *, render: Renderer,
+               last_turn: bool, max_len: int, counts):
   """Records env.step's (obs, reward, done, info), then appends the observation or ends the row."""
   obs, reward, done, info = result
   row.turn_rewards.append(float(reward))
@@ -231,13 +231,13 @@ def run_per_turn(sampler: sampler_lib.Sampler, params, tok, envs: Sequence[Any],
                      f"{max_turns}, {max_new_tokens}, {max_len}.")
   flags = [bool(greedy)] * len(envs) if isinstance(greedy, bool) else [bool(g) for g in greedy]
   stop_ids = sorted({int(t) for t in tok.end_of_turn_ids} | {int(tok.eos_id)})
-  render = _Renderer(tok, chat_template=chat_template, system_prompt=system_prompt)
+  render = Renderer(tok, chat_template=chat_template, system_prompt=system_prompt)
   safe_envs = [e if isinstance(e, safe.SafeEnv) else safe.SafeEnv(e) for e in envs]
   before = [dict(e.counters) for e in safe_envs]
   counts = collections.Counter(obs_overflow=0, prompt_overflow=0, sampled_tokens=0)
-  rows = [_Row(env, g) for env, g in zip(safe_envs, flags)]
+  rows = [Row(env, g) for env, g in zip(safe_envs, flags)]
   for row, seed in zip(rows, seeds):
-    _apply_reset(row, row.env.reset(seed), render, max_len, counts)
+    apply_reset(row, row.env.reset(seed), render, max_len, counts)
   cut_turns = model_turns = 0
   for turn in range(max_turns):
     active = [r for r in rows if not r.finished]
@@ -255,13 +255,13 @@ def run_per_turn(sampler: sampler_lib.Sampler, params, tok, envs: Sequence[Any],
       cut_turns += not stopped  # hit max_new_tokens or max_len before a stop token
       model_turns += 1
       action = tok.decode([int(t) for t in (ids[:-1] if stopped else ids)])
-      _apply_step(row, row.env.step(action), stopped, turn, render=render,
+      apply_step(row, row.env.step(action), stopped, turn, render=render,
                   last_turn=turn == max_turns - 1, max_len=max_len, counts=counts)
   trajs = [r.trajectory() for r in rows]
   metrics = {f"rollout/{k}": float(v) for k, v in counts.items()}
   metrics["rollout/turn_cut_frac"] = cut_turns / max(model_turns, 1)
   metrics.update(env_metrics(safe_envs, before))
-  metrics.update(_summary(trajs))
+  metrics.update(summarize(trajs))
   return trajs, metrics
 
 
@@ -276,8 +276,8 @@ def scripted(tok, env, seed, actions: Sequence[str], *, chat_template: bool,
   budget applies: the caller packs (and cuts) the trajectory.
   """
   stop = (tok.end_of_turn_ids[0] if chat_template and tok.end_of_turn_ids else tok.eos_id)
-  render = _Renderer(tok, chat_template=chat_template, system_prompt=system_prompt)
-  row = _Row(env, greedy=False)
+  render = Renderer(tok, chat_template=chat_template, system_prompt=system_prompt)
+  row = Row(env, greedy=False)
   row.append(render.prompt(env.reset(seed), env.system_prompt), turn=-1)
   row.prompt_len = len(row.tokens)
   for turn, action in enumerate(actions):
@@ -294,7 +294,7 @@ def scripted(tok, env, seed, actions: Sequence[str], *, chat_template: bool,
   return row.trajectory()
 
 
-def _summary(trajs: Sequence[Trajectory]) -> dict[str, float]:
+def summarize(trajs: Sequence[Trajectory]) -> dict[str, float]:
   mean = lambda xs: float(np.mean(xs)) if len(xs) else 0.0
   return {"rollout/reward_mean": mean([t.reward for t in trajs]),
           "rollout/truncated_frac": mean([t.truncated for t in trajs]),
@@ -326,7 +326,7 @@ def rollout_groups(engine, params, tok, make_env: Callable[[], Any], seeds: Sequ
   trajs, metrics = engine.run(params, tok, envs, row_seeds, greedy=flags, **run_kwargs)
   main = trajs[:P * group_size]
   baseline = trajs[P * group_size:] if greedy_baseline else None
-  metrics.update(_summary(main))
+  metrics.update(summarize(main))
   if baseline is not None:
-    metrics["rollout/baseline_reward_mean"] = _summary(baseline)["rollout/reward_mean"]
+    metrics["rollout/baseline_reward_mean"] = summarize(baseline)["rollout/reward_mean"]
   return GroupRollout(main, baseline, metrics)

@@ -36,8 +36,6 @@ from agentrl.envs import safe
 from agentrl.rollout import agent_loop
 from agentrl.rollout import continuations
 
-# pylint: disable=protected-access
-
 
 @dataclasses.dataclass
 class Trace:
@@ -113,7 +111,7 @@ def run(engine, params, tok, envs: Sequence[Any], seeds: Sequence[Any], *, rng: 
                      f"max_chunks={max_chunks}.")
   flags = [bool(greedy)] * len(envs) if isinstance(greedy, bool) else [bool(g) for g in greedy]
   stop_ids = {int(t) for t in tok.end_of_turn_ids} | {int(tok.eos_id)}
-  render = agent_loop._Renderer(tok, chat_template=chat_template, system_prompt=system_prompt)
+  render = agent_loop.Renderer(tok, chat_template=chat_template, system_prompt=system_prompt)
   safe_envs = [e if isinstance(e, safe.SafeEnv) else safe.SafeEnv(e) for e in envs]
   before = [dict(e.counters) for e in safe_envs]
   prompts = [render.prompt(e.reset(s), e.system_prompt) for e, s in zip(safe_envs, seeds)]

@@ -53,7 +53,6 @@ from agentrl.rollout import engine_programs as programs
 from agentrl.rollout import env_workers as workers_lib
 from agentrl.rollout import sampler as sampler_lib
 
-# pylint: disable=protected-access
 _GAP_S = 0.002   # an env result gap after which a decode chunk starts without waiting longer
 
 
@@ -107,11 +106,21 @@ class Engine:
     if unroll_layers is None:
       unroll_layers = jax.default_backend() == "cpu"
     self.unroll_layers = bool(unroll_layers)
-    self._unstack = jax.jit(lambda params: transformer.unstack_layers(params))
-    self._programs = _programs(graphdef)
+    # Compiled once per engine and shared by its runs.
+    self.unstack = jax.jit(lambda params: transformer.unstack_layers(params))
+    self.step_programs = _programs(graphdef)   # (prefill, decode)
+    self.compact = jax.jit(programs.compact, donate_argnums=(0,))
     self._merged = None   # (merge, programs of the merged graph) for a LoRA policy, made once
-    self._compact = jax.jit(programs.compact, donate_argnums=(0,))
     self.chunk_s = 0.02   # wall time of the last decode chunk (how long to wait for envs)
+
+  def merged_programs(self, model):
+    """(merge(params) -> merged params, programs of the merged plain Transformer's graph) for
+    a LoRA policy, built on first use."""
+    if self._merged is None:
+      base_def = nnx.split(lora.base_model(model))[0]
+      merge = jax.jit(lambda params: lora.merge(self.graphdef, params)[1])
+      self._merged = merge, _programs(base_def)
+    return self._merged
 
   def run(self, params, tok, envs: Sequence[Any], seeds: Sequence[Any], *, rng: jax.Array,
           max_turns: int, max_new_tokens: int, max_len: int,
@@ -141,14 +150,14 @@ class Engine:
     if max_turns < 1 or max_new_tokens < 1 or max_len < 2:
       raise ValueError(f"need max_turns >= 1, max_new_tokens >= 1, max_len >= 2; got "
                        f"{max_turns}, {max_new_tokens}, {max_len}.")
-    sampler_lib._validate([1], [1], temperature, top_k, top_p, logp_mode)
+    sampler_lib.validate_settings([1], [1], temperature, top_k, top_p, logp_mode)
     flags = [bool(greedy)] * len(envs) if isinstance(greedy, bool) else [bool(g) for g in greedy]
     if len(flags) != len(envs):
       raise ValueError(f"greedy has {len(flags)} entries but there are {len(envs)} envs.")
-    render = agent_loop._Renderer(tok, chat_template=chat_template, system_prompt=system_prompt)
+    render = agent_loop.Renderer(tok, chat_template=chat_template, system_prompt=system_prompt)
     safe_envs = [e if isinstance(e, safe.SafeEnv) else safe.SafeEnv(e) for e in envs]
     before = [dict(e.counters) for e in safe_envs]
-    rows = [agent_loop._Row(env, g) for env, g in zip(safe_envs, flags)]
+    rows = [agent_loop.Row(env, g) for env, g in zip(safe_envs, flags)]
     sampling = dict(temperature=np.float32(temperature), top_p=np.float32(top_p),
                     top_k=int(top_k), use_top_p=top_p < 1.0, logp_mode=logp_mode,
                     adaptive_6=sampler_lib.adaptive_params(adaptive_temperature))
@@ -165,7 +174,7 @@ class Engine:
     metrics["rollout/turn_cut_frac"] = run.cut_turns / max(run.model_turns, 1)
     metrics["rollout/prefill_tokens"] = float(run.prefill_tokens)
     metrics.update(agent_loop.env_metrics(safe_envs, before, {"env_timeouts": timeouts}))
-    metrics.update(agent_loop._summary(trajs))
+    metrics.update(agent_loop.summarize(trajs))
     return trajs, metrics
 
 
@@ -175,15 +184,6 @@ def _programs(graphdef):
   decode = jax.jit(functools.partial(programs.decode, graphdef), donate_argnums=(2,),
                    static_argnames=("num_steps", "top_k", "use_top_p", "logp_mode"))
   return prefill, decode
-
-
-def _merged_programs(engine, model):
-  """(merge(params) -> merged params, programs of the merged plain Transformer's graph)."""
-  if engine._merged is None:
-    base_def = nnx.split(lora.base_model(model))[0]
-    merge = jax.jit(lambda params: lora.merge(engine.graphdef, params)[1])
-    engine._merged = merge, _programs(base_def)
-  return engine._merged
 
 
 class _Run:
@@ -196,13 +196,13 @@ class _Run:
     self.max_len, self.rng, self.sampling = max_len, rng, sampling
     model = nnx.merge(engine.graphdef, params)
     cfg = model.cfg
-    self.prefill, self.decode = engine._programs
+    self.prefill, self.decode = engine.step_programs
     if engine.unroll_layers and isinstance(model, lora.LoraTransformer):
-      merge, (self.prefill, self.decode) = _merged_programs(engine, model)
+      merge, (self.prefill, self.decode) = engine.merged_programs(model)
       self.params = merge(params)
     unroll = engine.unroll_layers and type(model) in (transformer.Transformer,
                                                       lora.LoraTransformer)
-    self.layers = engine._unstack(self.params) if unroll else None
+    self.layers = engine.unstack(self.params) if unroll else None
     self.B = min(engine.slots, sampler_lib.bucket(len(rows)))
     # Every decode step attends over all `capacity` columns, so the cache starts near one
     # transcript's length and grows by doubling; each capacity is one compiled shape.
@@ -259,7 +259,7 @@ class _Run:
         self.counts["env_timeouts"] += 1
         row.env.reset_error = f"the environment did not reset within {self.e.env_timeout_s}s"
         obs = f"Error: {row.env.reset_error}"
-      agent_loop._apply_reset(row, obs, self.render, self.max_len, self.counts)
+      agent_loop.apply_reset(row, obs, self.render, self.max_len, self.counts)
     else:
       if call.result is not None:
         result = call.result
@@ -269,7 +269,7 @@ class _Run:
         result = (f"Error: {message}", row.env.error_reward, True,
                   base.make_info(reward=row.env.error_reward, error=message))
       stopped, turn = slot.stopped, slot.turn
-      agent_loop._apply_step(row, result, stopped, turn, render=self.render,
+      agent_loop.apply_step(row, result, stopped, turn, render=self.render,
                              last_turn=turn == self.max_turns - 1, max_len=self.max_len,
                              counts=self.counts)
       slot.turn += 1
@@ -283,7 +283,7 @@ class _Run:
     if self.col + width <= self.capacity:
       return
     live = np.asarray([s.episode is not None and not s.reset for s in self.slots])
-    self.cache, used = self.e._compact(self.cache, jax.device_put(live))
+    self.cache, used = self.e.compact(self.cache, jax.device_put(live))
     self.col = int(used)
     # Grow when the compacted transcripts fill more than half of the cache, so compactions
     # (a copy of the whole cache) stay rare.

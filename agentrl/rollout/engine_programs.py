@@ -14,8 +14,6 @@ import jax.numpy as jnp
 from agentrl.models import transformer
 from agentrl.rollout import sampler as sampler_lib
 
-# pylint: disable=protected-access
-
 
 def take(cache, rows):
   """The cache rows `rows` (a sub-batch of slots)."""
@@ -51,7 +49,7 @@ def decode(graphdef, params, layers, cache, col, feed_B, pos_B, active_B, budget
   fold = jax.vmap(jax.random.fold_in)
   turn_keys_B = jax.vmap(lambda e, u: jax.random.fold_in(jax.random.fold_in(rng, e), u))(
       episode_B, turn_B)
-  sample = functools.partial(sampler_lib._sample, greedy_B=greedy_B, temperature=temperature,
+  sample = functools.partial(sampler_lib.sample_tokens, greedy_B=greedy_B, temperature=temperature,
                              top_p=top_p, top_k=top_k, use_top_p=use_top_p, logp_mode=logp_mode,
                              adaptive_6=adaptive_6)
 

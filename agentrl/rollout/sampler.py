@@ -157,8 +157,8 @@ def adaptive_params(values):
   return a_6
 
 
-def _sample(logits_BV, keys_B, greedy_B, temperature, top_p, *, top_k, use_top_p, logp_mode,
-            adaptive_6=None):
+def sample_tokens(logits_BV, keys_B, greedy_B, temperature, top_p, *, top_k, use_top_p,
+                  logp_mode, adaptive_6=None):
   """One sampling step: (token_B int32, logp_B float32).
 
   adaptive_6: None, or `entropy_temperature`'s parameters: each row then samples (and reports
@@ -183,7 +183,7 @@ def _generate(graphdef, params, prompt_BP, prompt_len_B, max_new_B, stop_BK, gre
   model = nnx.merge(graphdef, params)
   B, P = prompt_BP.shape
   row_keys_B = jax.vmap(lambda i: jax.random.fold_in(rng, i))(jnp.arange(B))
-  sample = functools.partial(_sample, greedy_B=greedy_B, temperature=temperature, top_p=top_p,
+  sample = functools.partial(sample_tokens, greedy_B=greedy_B, temperature=temperature, top_p=top_p,
                              top_k=top_k, use_top_p=use_top_p, logp_mode=logp_mode)
 
   def step_keys(s):
@@ -280,7 +280,7 @@ class Sampler:
     max_new = _per_row("max_new_tokens", max_new_tokens, B, int)
     greedy_rows = _per_row("greedy", greedy, B, bool)
     stops = _stop_rows(stop_ids, B)
-    _validate(lens, max_new, temperature, top_k, top_p, logp_mode)
+    validate_settings(lens, max_new, temperature, top_k, top_p, logp_mode)
     if B == 0:
       empty = np.zeros((0, max(max_new, default=0)), np.int32)
       return SampleOutput(empty, empty.astype(np.float32), np.zeros(0, np.int32),
@@ -336,7 +336,8 @@ def _stop_rows(stop_ids, B):
   return [[int(t) for t in stop_ids]] * B
 
 
-def _validate(lens, max_new, temperature, top_k, top_p, logp_mode):
+def validate_settings(lens, max_new, temperature, top_k, top_p, logp_mode):
+  """Raises ValueError naming the first bad prompt length or sampling setting."""
   for i, n in enumerate(lens):
     if n == 0:
       raise ValueError(f"prompt {i} is empty; sampling needs at least one token (e.g. BOS).")
