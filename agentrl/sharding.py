@@ -23,8 +23,8 @@ import jax
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 import jax.numpy as jnp
 
-from agentrl import types
 from agentrl.models import lora
+from agentrl import types
 
 MESH_AXES = ("data", "fsdp", "tensor")
 ROWS = ("data", "fsdp")  # batch rows (and flattened tokens) are split over both

@@ -52,17 +52,18 @@ import jax
 import ml_collections as mlc
 import numpy as np
 
-from agentrl import cli
 from agentrl import configs
 from agentrl import distributed
-from agentrl import metrics as metrics_lib
-from agentrl import recipe
-from agentrl import rundir
-from agentrl import sharding
+from agentrl.harness import cli
+from agentrl.harness import recipe
+from agentrl.harness import rl_config
 from agentrl.models import hf
 from agentrl.models import hf_tokenizer
 from agentrl.models import lora
 from agentrl.rollout import collect
+from agentrl.records import metrics as metrics_lib
+from agentrl.records import rundir
+from agentrl import sharding
 
 
 def get_config(arg: str | None = None) -> mlc.ConfigDict:
@@ -144,8 +145,8 @@ def read_run_config(run_dir: str) -> mlc.ConfigDict:
   reads none of them. Methods tighten or relax the shared bounds (MSSR runs groups of one), so
   only the keys evaluation reads keep theirs; the others are checked for their type."""
   schema = {k: v if k.startswith(RUN_KEYS) else dataclasses.replace(v, min=None, max=None)
-            for k, v in recipe.RL_SCHEMA.items()}
-  schema["task.name"] = configs.Key(str, choices=recipe.TASKS)
+            for k, v in rl_config.RL_SCHEMA.items()}
+  schema["task.name"] = configs.Key(str, choices=rl_config.TASKS)
   return rundir.read_config(run_dir, schema, required=RUN_KEYS)
 
 

@@ -32,7 +32,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from agentrl import metrics
 from agentrl.models import hf
 from agentrl.models import policy
 from agentrl.models import tokenizer as tokenizer_lib
@@ -40,6 +39,7 @@ from agentrl.models import transformer
 from agentrl.rollout import agent_loop
 from agentrl.rollout import engine as engine_lib
 from agentrl.rollout import sampler as sampler_lib
+from agentrl.records import metrics
 
 _MODEL = flags.DEFINE_enum("model", "smollm2", ["smollm2", "tiny"], "Policy to roll out.")
 _EPISODES = flags.DEFINE_integer("episodes", 16, "Episodes per measurement.")

@@ -10,7 +10,7 @@ whose values differ. Runs still in progress are read as far as they got.
 from absl import app
 from absl import flags
 
-from agentrl import compare
+from agentrl.records import compare
 
 
 def main(argv):

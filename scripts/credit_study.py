@@ -5,7 +5,7 @@ r"""Credit-assignment study: outcome-only GRPO vs turn-level credit on multi-tur
   python scripts/credit_study.py --out=/tmp/cs --methods=grpo --seeds=1 --steps=4
   python scripts/credit_study.py --task=tool_use --out=runs/tool_study --steps=75
 
---task=hidden_rule (default): every run is `python -m experiments.agent` with its `cpu` preset
+--task=hidden_rule (default): every run is `python -m experiments.agents.agent` with its `cpu` preset
 (the number-guessing hidden-rule game, 7 turns, a tiny model warm-started by SFT on
 demonstrations) and one `loss.credit`, on the outcome reward alone
 (`task.closeness_reward=0`: the main job's graded reward for failures would give every credit
@@ -22,7 +22,7 @@ warm start, at 36.7% held-out, that the README's study started from):
   infopo       InfoPO: outcome GRPO + the gated counterfactual-observation information.
   mapo         MAPO: the outcome's z-score and percent deviation mixed by the group's certainty.
 
---task=tool_use: every run is `python -m experiments.matchtir` (the multi-turn tool-use env
+--task=tool_use: every run is `python -m experiments.agents.matchtir` (the multi-turn tool-use env
 with gold call traces, the tiny model warm-started by SFT on its demonstrations) at Adam 1e-4,
 a third of the preset's rate, at which neither credit loses the call format in its first steps:
 
@@ -49,7 +49,7 @@ import numpy as np
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top,wrong-import-position
 
-from agentrl import study  # pylint: disable=wrong-import-position
+from agentrl.records import study
 
 # task -> (experiment, {method: its config overrides}, the overrides of every run, plot title).
 TASKS = {

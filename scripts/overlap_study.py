@@ -5,7 +5,7 @@ time for max_staleness k = 0 (synchronous), 1, 2.
   python scripts/overlap_study.py --out=runs/overlap_study
   python scripts/overlap_study.py --out=/tmp/os --ks=0,1 --steps=4
 
-Every run is `python -m experiments.grpo` (the `cpu` preset) with `updates.max_staleness=k`
+Every run is `python -m experiments.policy.grpo` (the `cpu` preset) with `updates.max_staleness=k`
 and the default off-policy correction (token-level truncated importance sampling), one shared
 SFT warm start (the first run trains it, the others get a copy) and the same steps. The wall
 time compared is the RL training time (the sum of the steps' `time/step`; SFT and evaluations
@@ -24,7 +24,7 @@ import numpy as np
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top,wrong-import-position
 
-from agentrl import study  # pylint: disable=wrong-import-position
+from agentrl.records import study
 
 _OUT = flags.DEFINE_string("out", "runs/overlap_study", "Directory of the runs and results.")
 _KS = flags.DEFINE_list("ks", ["0", "1", "2"], "max_staleness values to run.")

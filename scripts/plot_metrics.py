@@ -4,7 +4,7 @@ r"""Writes PNG learning curves from a run's metrics JSONL (a run in progress or 
   python scripts/plot_metrics.py --workdir=runs/grpo --keys=kl,entropy,ratio_max
   python scripts/plot_metrics.py --jsonl=a/metrics.jsonl --out=a.png
 
-The panels are the ones the run's own curves.png has (agentrl.plots.choose_panels) unless
+The panels are the ones the run's own curves.png has (agentrl.records.plots.choose_panels) unless
 --keys picks others. It never overwrites the run's curves.png (the default output is plot.png
 next to the JSONL); compare several runs with scripts/compare_runs.py.
 """
@@ -14,8 +14,8 @@ import os
 from absl import app
 from absl import flags
 
-from agentrl import metrics
-from agentrl import plots
+from agentrl.records import metrics
+from agentrl.records import plots
 
 
 def _title(jsonl: str) -> str:

@@ -12,7 +12,7 @@ experiments' held-out seeds (the ones `recipe.evaluator` uses) with the smollm2 
 template and rollout engine: greedy success, the success of one sample at the rollout
 temperature, and the fraction of G-sample groups with both a success and a failure (prompts
 that give a GRPO gradient). The defaults of the budget, answer extraction and system prompt
-are those of `experiments/grpo.py:smollm2`. The table goes to stdout.
+are those of `experiments/policy/grpo.py:smollm2`. The table goes to stdout.
 """
 import functools
 import json
@@ -24,11 +24,12 @@ import jax
 import numpy as np
 
 from agentrl import configs
-from agentrl import recipe
-from agentrl import sharding
 from agentrl.envs import registry
+from agentrl.harness import recipe
+from agentrl.harness import rl_config
 from agentrl.rewards import extract
 from agentrl.rollout import collect
+from agentrl import sharding
 
 _TASKS = flags.DEFINE_multi_string(
     "task", ["products:{\"max_digits\": 1}",
@@ -83,7 +84,7 @@ def survey(name: str, kwargs: dict, config, tok, params, engine) -> dict:
 def main(argv):
   del argv
   tasks = [parse_task(spec) for spec in _TASKS.value]
-  config = recipe.rl_config("smollm2")
+  config = rl_config.rl_config("smollm2")
   config.rollout.slots = 64
   tok, graphdef, params = recipe.build_policy(config, sharding.make_mesh(config.mesh))
   engine = recipe.rollout_engine(config, graphdef, tok)

@@ -1,5 +1,5 @@
 # pylint: disable=invalid-name
-"""experiments/agent.py's credit choices on hand-built multi-turn batches.
+"""experiments/agents/agent.py's credit choices on hand-built multi-turn batches.
 
 Two prompts x G = 2 trajectories of two model turns each (token layout below). For every
 credit: prompt and observation tokens get exactly 0, and a group whose trajectories are
@@ -18,8 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from agentrl import advantages
-from agentrl import types
+from agentrl.advantages import estimators
 from agentrl.credit import igpo
 from agentrl.credit import infopo
 from agentrl.credit import probes
@@ -30,8 +29,9 @@ from agentrl.models import testing
 from agentrl.models import transformer
 from agentrl.rollout import agent_loop
 from agentrl.rollout import pack
+from agentrl import types
 
-agent = importlib.import_module("experiments.agent")
+agent = importlib.import_module("experiments.agents.agent")
 
 # prompt prompt | turn 0 (2 tokens) | obs | turn 1 (2 tokens) | pad
 TURN = np.array([-1, -1, 0, 0, 0, 1, 1, -1], np.int32)
@@ -155,7 +155,7 @@ class CreditTest(parameterized.TestCase):
     r_BU = siop.turn_rewards(e["prompt_logp_BR"], e["ref_logp_BUR"], e["ref_weight_BR"],
                              e["target_B"], e["turn_mask_BU"], lam=0.5)
     adv_BU = siop.turn_advantages(r_BU, e["turn_mask_BU"], group_size=2, gamma=1.0)
-    want_BT = advantages.broadcast_turn_to_tokens(adv_BU, batch.turn_BT, batch.loss_mask_BT)
+    want_BT = estimators.broadcast_turn_to_tokens(adv_BU, batch.turn_BT, batch.loss_mask_BT)
     np.testing.assert_array_equal(out.adv_BT, want_BT)
     self.assertIn("siop_reward_mean", metrics)
 

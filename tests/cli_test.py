@@ -1,6 +1,6 @@
-"""Bad command lines fail with one line naming the flag, key, file or workdir (agentrl.cli).
+"""Bad command lines fail with one line naming the flag, key, file or workdir (agentrl.harness.cli).
 
-Each case runs a real `python -m experiments.grpo` process and checks its exit code and that
+Each case runs a real `python -m experiments.policy.grpo` process and checks its exit code and that
 stderr is a single `error: ...` line (no traceback).
 """
 import json
@@ -19,23 +19,24 @@ from absl.testing import parameterized
 from flax import nnx
 
 from agentrl import checkpoint
-from agentrl import cli
 from agentrl import configs
-from agentrl import loop
-from agentrl import recipe
-from agentrl import rundir
-from agentrl import sharding
-from agentrl import shutdown
 from agentrl.data import jsonl
+from agentrl.harness import cli
+from agentrl.harness import recipe
+from agentrl.harness import rl_config
 from agentrl.models import hf
+from agentrl.records import rundir
+from agentrl import sharding
+from agentrl.train import loop
+from agentrl.train import shutdown
 from experiments import eval as evaluation
-from experiments import grpo
+from experiments.policy import grpo
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
 def _run(*args: str) -> subprocess.CompletedProcess:
-  return subprocess.run([sys.executable, "-m", "experiments.grpo", *args], cwd=ROOT,
+  return subprocess.run([sys.executable, "-m", "experiments.policy.grpo", *args], cwd=ROOT,
                         capture_output=True, text=True, timeout=300,
                         env=dict(os.environ, JAX_PLATFORMS="cpu"))
 
@@ -43,18 +44,18 @@ def _run(*args: str) -> subprocess.CompletedProcess:
 class CommandLineTest(parameterized.TestCase):
 
   @parameterized.named_parameters(
-      ("unknown_key", ["--config=experiments/grpo.py:smoke", "--config.loss.epsilon=0.2"],
-       r"--config\.loss\.epsilon: the config has no key 'loss\.epsilon' \(experiments/grpo\.py:"
+      ("unknown_key", ["--config=experiments/policy/grpo.py:smoke", "--config.loss.epsilon=0.2"],
+       r"--config\.loss\.epsilon: the config has no key 'loss\.epsilon' \(experiments/policy/grpo\.py:"
        r"smoke; --print_config lists them\); did you mean --config\.loss\.eps_low\?$"),
       # Without --config the experiment's own file (default preset) is checked.
       ("unknown_key_default_preset", ["--config.optim.lrr=0.1"],
-       r"--config\.optim\.lrr: the config has no key 'optim\.lrr' \(experiments/grpo\.py; "
+       r"--config\.optim\.lrr: the config has no key 'optim\.lrr' \(experiments/policy/grpo\.py; "
        r"--print_config lists them\); did you mean --config\.optim\.lr\?$"),
       ("missing_file", ["--config=experiments/nope.py"],
        r"--config=experiments/nope\.py: no such file 'experiments/nope\.py'"),
-      ("unknown_preset", ["--config=experiments/grpo.py:gpu"],
-       r"--config=experiments/grpo\.py:gpu: unknown preset 'gpu'"),
-      ("bad_workdir", ["--config=experiments/grpo.py:smoke", "--workdir=/proc/agentrl_x"],
+      ("unknown_preset", ["--config=experiments/policy/grpo.py:gpu"],
+       r"--config=experiments/policy/grpo\.py:gpu: unknown preset 'gpu'"),
+      ("bad_workdir", ["--config=experiments/policy/grpo.py:smoke", "--workdir=/proc/agentrl_x"],
        r"--workdir=/proc/agentrl_x cannot be created"),
   )
   def test_one_line_error(self, args, pattern):
@@ -68,7 +69,7 @@ class CommandLineTest(parameterized.TestCase):
 class PrintConfigTest(absltest.TestCase):
 
   def test_print_config_lists_every_key_with_its_schema(self):
-    out = _run("--config=experiments/grpo.py:smoke", "--config.optim.lr=0.5", "--print_config")
+    out = _run("--config=experiments/policy/grpo.py:smoke", "--config.optim.lr=0.5", "--print_config")
     self.assertEqual(out.returncode, 0, out.stderr[-2000:])
     lines = out.stdout.splitlines()
     self.assertIn("optim.lr = 0.5  # float, in [0.0, ]", lines)
@@ -137,14 +138,15 @@ class EvalRunDirTest(absltest.TestCase):
   def test_another_experiment_on_a_runs_workdir_is_one_error_line(self):
     run_dir = _run_dir(self)
     out = subprocess.run(
-        [sys.executable, "-m", "experiments.ctpo", "--config=experiments/ctpo.py:smoke",
+        [sys.executable, "-m", "experiments.policy.ctpo",
+         "--config=experiments/policy/ctpo.py:smoke",
          f"--workdir={run_dir}", "--config.total_steps=4"], cwd=ROOT, capture_output=True,
         text=True, timeout=300, env=dict(os.environ, JAX_PLATFORMS="cpu"))
     self.assertEqual(out.returncode, 2, out.stderr[-2000:])
     lines = [l for l in out.stderr.splitlines() if l.strip() and not l.startswith(("W", "I"))]
-    self.assertEqual(lines, [f"error: --workdir={run_dir} holds a run of experiments.grpo; "
-                             "experiments.ctpo cannot continue it (its checkpoints and config "
-                             "are another method's). Use another --workdir"])
+    self.assertEqual(lines, [f"error: --workdir={run_dir} holds a run of the grpo experiment; "
+                             "ctpo cannot continue it (its checkpoints and config are another "
+                             "method's). Use another --workdir"])
     self.assertEqual(rundir.read_config(run_dir).total_steps, 2)  # not rewritten
 
 
@@ -153,7 +155,7 @@ class ExportTest(absltest.TestCase):
   @classmethod
   def setUpClass(cls):
     super().setUpClass()
-    config = recipe.rl_config("cpu", smoke=True)
+    config = rl_config.rl_config("cpu", smoke=True)
     cls.tok, graphdef, cls.params = recipe.build_policy(config, sharding.make_mesh(config.mesh))
     cls.cfg = nnx.merge(graphdef, cls.params).cfg
 
@@ -200,13 +202,13 @@ class ExportTest(absltest.TestCase):
 class DefaultWorkdirTest(absltest.TestCase):
 
   def test_presets_get_their_own_directories(self):
-    with mock.patch.dict(cli._EXPERIMENT, {"file": "experiments/ctpo.py"}):
+    with mock.patch.dict(cli._EXPERIMENT, {"file": "experiments/policy/ctpo.py"}):
       self.assertEqual(cli.default_workdir(["x"]), "runs/ctpo")
-      self.assertEqual(cli.default_workdir(["x", "--config=experiments/ctpo.py:smoke"]),
+      self.assertEqual(cli.default_workdir(["x", "--config=experiments/policy/ctpo.py:smoke"]),
                        "runs/ctpo_smoke")
-      self.assertEqual(cli.default_workdir(["x", "--config", "experiments/ctpo.py:smollm2,smoke"]),
+      self.assertEqual(cli.default_workdir(["x", "--config", "experiments/policy/ctpo.py:smollm2,smoke"]),
                        "runs/ctpo_smollm2_smoke")
-      self.assertEqual(cli.default_workdir(["x", "--config=experiments/ctpo.py:p=x/y"]),
+      self.assertEqual(cli.default_workdir(["x", "--config=experiments/policy/ctpo.py:p=x/y"]),
                        "runs/ctpo_p-x_y")
 
 
@@ -257,7 +259,7 @@ class SignalTest(parameterized.TestCase):
     self.addCleanup(shutil.rmtree, workdir, ignore_errors=True)
     with tempfile.TemporaryFile("w+") as stderr:  # a pipe left unread could fill and block it
       proc = subprocess.Popen(
-          [sys.executable, "-m", "experiments.grpo", "--config=experiments/grpo.py:smoke",
+          [sys.executable, "-m", "experiments.policy.grpo", "--config=experiments/policy/grpo.py:smoke",
            f"--workdir={workdir}", "--config.total_steps=1000"], cwd=ROOT, text=True,
           stdout=subprocess.PIPE, stderr=stderr,
           env=dict(os.environ, JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1"))

@@ -14,7 +14,9 @@ import tempfile
 from absl.testing import absltest
 
 from agentrl import configs
-from agentrl import recipe
+from agentrl.harness import recipe
+from agentrl.harness import rl_config
+from agentrl.records import study
 
 _SCRIPT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts",
                        "credit_study.py")
@@ -44,13 +46,13 @@ class CreditStudyTest(absltest.TestCase):
     tasks = _load_script().TASKS
     self.assertEqual(set(tasks), {"hidden_rule", "tool_use"})
     for task, (experiment, methods, task_flags, _) in tasks.items():
-      module = importlib.import_module(f"experiments.{experiment}")
+      module = importlib.import_module(study.experiment_module(experiment))
       self.assertIn("grpo", methods, task)   # every task has the outcome-only baseline
       for method, method_flags in methods.items():
         config = module.get_config()
         for override in (*task_flags, *method_flags):
           _apply(config, override)
-        recipe.validate(config, module.SCHEMA)
+        rl_config.validate(config, module.SCHEMA)
         self.assertEqual(config.loss.credit, "grpo" if method == "grpo" else
                          method.removesuffix("_ot"), f"{task}/{method}")
 
@@ -64,11 +66,11 @@ class CreditStudyTest(absltest.TestCase):
       script.claim_out_dir(out, "hidden_rule")
 
   def test_a_bad_override_is_caught(self):
-    module = importlib.import_module("experiments.matchtir")
+    module = importlib.import_module("experiments.agents.matchtir")
     config = module.get_config()
     _apply(config, "--config.loss.matching=hungarian")
     with self.assertRaisesRegex(Exception, "loss.matching"):
-      recipe.validate(config, module.SCHEMA)
+      rl_config.validate(config, module.SCHEMA)
 
 
 if __name__ == "__main__":

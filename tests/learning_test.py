@@ -1,6 +1,6 @@
 """GRPO makes the reward go up on reversed-digit addition, for more than one seed.
 
-The main job's setup (experiments/grpo.py, docs/offline.md §9) on a smaller budget: one
+The main job's setup (experiments/policy/grpo.py, docs/offline.md §9) on a smaller budget: one
 SFT warm start (shared by the runs through its cached checkpoint), then 40 GRPO steps of
 64 prompts x 8 samples for each RL seed. Adam at 3e-4 rather than the main job's 1e-3: its
 first 40 steps climb steadily, where 1e-3 first dips and then climbs faster.
@@ -18,8 +18,8 @@ from absl.testing import absltest
 import jax
 import numpy as np
 
-from agentrl import metrics
-from experiments import grpo
+from agentrl.records import metrics
+from experiments.policy import grpo
 
 # The second seed's programs are the first one's: a persistent cache turns compiles into loads.
 _CACHE = tempfile.mkdtemp(prefix="agentrl_xla_cache_")

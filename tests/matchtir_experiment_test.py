@@ -1,5 +1,5 @@
 # pylint: disable=invalid-name
-"""experiments/matchtir.py: matched turn rewards from real env steps, and its advantage step.
+"""experiments/agents/matchtir.py: matched turn rewards from real env steps, and its advantage step.
 
 Turn rewards are checked against hand-computed similarities on episodes played in the real
 tool-use env ("scale" tasks: lookup the population, then multiply it). The advantage step is
@@ -14,11 +14,11 @@ from absl.testing import absltest
 import jax.numpy as jnp
 import numpy as np
 
-from agentrl import advantages
-from agentrl import types
+from agentrl.advantages import estimators
 from agentrl.envs import tool_use
+from agentrl import types
 
-matchtir_exp = importlib.import_module("experiments.matchtir")
+matchtir_exp = importlib.import_module("experiments.agents.matchtir")
 
 
 def _play(seed, actions, max_turns=5):
@@ -125,7 +125,7 @@ class AdvantageTest(absltest.TestCase):
     extras = {"turn_reward_BU": jnp.asarray(reward_B)[:, None] * jnp.asarray([[1.0, 0.0]]),
               "turn_mask_BU": jnp.asarray([[1.0, 0.0]] * 8)}
     got, _ = _advantage_fn()(batch, extras)
-    want, _ = advantages.grpo_step(2)(batch, None)
+    want, _ = estimators.grpo_step(2)(batch, None)
     np.testing.assert_allclose(got.adv_BT, want.adv_BT, atol=1e-5)
     self.assertGreater(np.abs(np.asarray(want.adv_BT)).max(), 0.5)
 

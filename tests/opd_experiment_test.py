@@ -1,5 +1,5 @@
 # pylint: disable=invalid-name
-"""experiments/opd.py's advantage step and losses on hand-built batches.
+"""experiments/distill/opd.py's advantage step and losses on hand-built batches.
 
 The OPD reward is teacher minus student on policy tokens and exactly 0 elsewhere; a teacher
 equal to the student teaches nothing; KEPO's gate drops whole rows; the outcome term is
@@ -15,15 +15,15 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from agentrl import advantages
-from agentrl import types
+from agentrl.advantages import estimators
 from agentrl.models import policy as policy_lib
 from agentrl.models import testing
 from agentrl.models import transformer
+from agentrl import types
 
 jax.config.update("jax_numpy_rank_promotion", "raise")
 
-opd = importlib.import_module("experiments.opd")
+opd = importlib.import_module("experiments.distill.opd")
 
 MASK = np.array([[0, 1, 1, 0], [0, 1, 1, 1], [0, 1, 0, 0], [0, 1, 1, 0]], np.float32)
 OLD = np.array([[0, -1.0, -2.0, 5.0], [0, -0.5, -1.5, -1.0], [0, -3.0, 9.0, 9.0],
@@ -80,7 +80,7 @@ class AdvantageTest(parameterized.TestCase):
 
   def test_outcome_term_is_grpo(self):
     batch, _ = opd.make_advantage_fn(_config(outcome_coef=0.5))(_batch(), {})
-    outcome_B = advantages.grpo(jnp.asarray(REWARD), group_size=2)
+    outcome_B = estimators.grpo(jnp.asarray(REWARD), group_size=2)
     want = np.where(MASK > 0, TEACHER - OLD + 0.5 * np.asarray(outcome_B)[:, None], 0.0)
     np.testing.assert_allclose(batch.adv_BT, want, rtol=1e-5, atol=1e-6)
 

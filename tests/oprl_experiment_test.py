@@ -1,5 +1,5 @@
 # pylint: disable=invalid-name
-"""experiments/oprl.py: its advantage step on hand-built batches, and one update step of a
+"""experiments/agents/oprl.py: its advantage step on hand-built batches, and one update step of a
 tiny model.
 
 The per-token advantage is GRPO's outcome z-score plus alpha times the turn's implicit step
@@ -15,15 +15,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from agentrl import advantages
-from agentrl import types
+from agentrl.advantages import estimators
 from agentrl.models import policy as policy_lib
 from agentrl.models import testing
 from agentrl.models import transformer
+from agentrl import types
 
 jax.config.update("jax_numpy_rank_promotion", "raise")
 
-oprl_exp = importlib.import_module("experiments.oprl")
+oprl_exp = importlib.import_module("experiments.agents.oprl")
 
 # One prompt, G = 2. Row 0: prompt, turn 0 (2 policy tokens), its observation, turn 1 (1
 # token). Row 1: prompt, turn 0 (3 policy tokens), padding.
@@ -72,7 +72,7 @@ class AdvantageTest(absltest.TestCase):
 
   def test_prm_equal_to_rollout_policy_is_outcome_grpo(self):
     batch, metrics = oprl_exp.make_advantage_step(_config())(_batch(), jnp.asarray(OLD))
-    grpo_B = advantages.grpo(jnp.array([1.0, 0.0]), group_size=2)
+    grpo_B = estimators.grpo(jnp.array([1.0, 0.0]), group_size=2)
     np.testing.assert_array_equal(metrics["step_reward_mean"], 0.0)
     np.testing.assert_allclose(batch.adv_BT, np.where(MASK > 0, np.asarray(grpo_B)[:, None], 0.0),
                                rtol=1e-6)

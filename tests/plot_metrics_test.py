@@ -9,7 +9,7 @@ import tempfile
 
 from absl.testing import absltest
 
-from agentrl import plots
+from agentrl.records import plots
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 RECORDS = [{"step": 0, "eval/success": 0.25}] + [

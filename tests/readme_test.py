@@ -12,17 +12,17 @@ from absl.testing import absltest
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
 # Modules whose public functions the objective tables list.
-MODULES = ("agentrl.advantages", "agentrl.losses.aggregation", "agentrl.losses.distill",
+MODULES = ("agentrl.advantages.estimators", "agentrl.losses.aggregation", "agentrl.losses.distill",
            "agentrl.losses.kl",
            "agentrl.losses.policy", "agentrl.losses.preference", "agentrl.losses.ratios",
            "agentrl.losses.regularizers", "agentrl.losses.schedules", "agentrl.losses.value",
            "agentrl.credit.igpo", "agentrl.credit.siop", "agentrl.credit.infopo",
            "agentrl.credit.gigpo", "agentrl.credit.matchtir", "agentrl.credit.spa",
            "agentrl.credit.mapo", "agentrl.credit.spo", "agentrl.credit.oprl",
-           "agentrl.length_rewards", "agentrl.advantages_budget", "agentrl.rollout.delethink",
+           "agentrl.rewards.length_rewards", "agentrl.advantages.efficiency", "agentrl.rollout.delethink",
            "agentrl.losses.selection", "agentrl.losses.trust_region",
-           "agentrl.losses.consistency", "agentrl.shaping", "agentrl.rewards.label_free",
-           "agentrl.exploration")
+           "agentrl.losses.consistency", "agentrl.advantages.shaping", "agentrl.rewards.label_free",
+           "agentrl.advantages.exploration")
 # Backticked words in that section that are values or metric keys, not functions.
 NOT_FUNCTIONS = {"k1", "k2", "k3", "abs", "ratio_mean", "ratio_max"}
 
@@ -46,7 +46,7 @@ class ReadmeTest(absltest.TestCase):
     for row in rows:
       first = row.split("|")[1]
       listed |= {name.split(".")[-1] for name in re.findall(r"`([a-z0-9_.]+)`", first)}
-    files = {p.stem for p in (ROOT / "experiments").glob("*.py") if p.stem != "__init__"}
+    files = {p.stem for p in (ROOT / "experiments").rglob("*.py") if p.stem != "__init__"}
     self.assertEqual(files - listed, set(), "experiments missing from the README table")
     self.assertEqual(listed - files, set(), "README table rows without an experiment file")
 
@@ -56,7 +56,7 @@ class ReadmeTest(absltest.TestCase):
     # RL experiments in the form that test reads.
     rows = [line for line in _section("## Metrics").splitlines() if line.startswith("| `")]
     self.assertGreater(len(rows), 20)  # the table was found
-    rl = {p.stem for p in (ROOT / "experiments").glob("*.py")} - {"__init__", "sft", "eval"}
+    rl = {p.stem for p in (ROOT / "experiments").rglob("*.py")} - {"__init__", "sft", "eval"}
     keys = []
     for row in rows:
       cells = re.split(r"(?<!\\)\|", row)  # a `\|` inside a cell is not a column break

@@ -1,12 +1,12 @@
 """A run killed with SIGKILL and restarted reproduces the uninterrupted run exactly.
 
-Three real processes of `python -m experiments.grpo` (smoke preset, more steps): one runs to
+Three real processes of `python -m experiments.policy.grpo` (smoke preset, more steps): one runs to
 the end; one is SIGKILLed mid-run, after a few checkpoints, and is then started again with the
 same --workdir. The resumed run must restore params, optimizer state, RNG and data position
 and write a metrics.jsonl equal to the uninterrupted one (timing fields aside). The processes
 share a persistent compilation cache and the SFT warm start, so only the first one pays for
 compiling and SFT. About a minute on 2 cores. The same for the multi-turn agent
-(`experiments.agent`, smoke preset: demonstrations warm start, engine rollouts over several
+(`experiments.agents.agent`, smoke preset: demonstrations warm start, engine rollouts over several
 turns, information-gain probes), with fewer steps.
 """
 import os
@@ -20,8 +20,9 @@ import time
 from absl.testing import absltest
 from absl.testing import parameterized
 
-from agentrl import loop
-from agentrl import metrics
+from agentrl.records import metrics
+from agentrl.records import study
+from agentrl.train import loop
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # experiment -> (steps, save_every, kill after this many logged steps, config flags).
@@ -39,7 +40,8 @@ RUNS = {
 
 def _command(name: str, workdir: str) -> list[str]:
   steps, save_every, _, flags = RUNS[name]
-  return [sys.executable, "-m", f"experiments.{name}", f"--config=experiments/{name}.py:smoke",
+  return [sys.executable, "-m", study.experiment_module(name),
+          f"--config={study.experiment_module(name).replace('.', '/')}.py:smoke",
           f"--config.total_steps={steps}", f"--config.log.save_every={save_every}", *flags,
           "--config.log.tensorboard=False", f"--workdir={workdir}"]
 
@@ -65,7 +67,7 @@ SCHEDULING_KEYS = ("rollout/prefill_tokens",)
 
 def _reproducible(workdir: str) -> list[dict]:
   records = metrics.read_jsonl(os.path.join(workdir, metrics.JSONL))
-  skip = set(loop.TIMING_KEYS) | set(SCHEDULING_KEYS)
+  skip = set(metrics.TIMING_KEYS) | set(SCHEDULING_KEYS)
   return [{k: v for k, v in r.items() if k not in skip} for r in records]
 
 

@@ -16,16 +16,17 @@ from absl.testing import absltest
 import jax.numpy as jnp
 import numpy as np
 
-from agentrl import advantages
-from agentrl import types
+from agentrl.advantages import estimators
 from agentrl.models import testing
 from agentrl.models import transformer
+from agentrl.records import study
+from agentrl import types
 
 PROMPT, T = 3, 8  # every row: BOS + 2 prompt tokens, then 5 sampled tokens
 
 
 def _module(name):
-  return importlib.import_module(f"experiments.{name}")
+  return importlib.import_module(study.experiment_module(name))
 
 
 def _batch(reward, seed=0) -> types.Batch:
@@ -44,7 +45,7 @@ def _batch(reward, seed=0) -> types.Batch:
 
 
 def _grpo_rows(reward, G):
-  return np.asarray(advantages.grpo(jnp.asarray(reward, jnp.float32), group_size=G))
+  return np.asarray(estimators.grpo(jnp.asarray(reward, jnp.float32), group_size=G))
 
 
 class D3STest(absltest.TestCase):

@@ -27,12 +27,12 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from agentrl import sharding
-from agentrl import types
 from agentrl.losses import aggregation
 from agentrl.losses import policy as pg
 from agentrl.models import policy as policy_lib
 from agentrl.models import transformer
+from agentrl import sharding
+from agentrl import types
 from kernels import logprob
 
 jax.config.update("jax_numpy_rank_promotion", "raise")

@@ -1,5 +1,5 @@
 # pylint: disable=invalid-name
-"""experiments/spa_rl.py: grounding from real env steps, the advantage step, the estimator.
+"""experiments/agents/spa_rl.py: grounding from real env steps, the advantage step, the estimator.
 
 The advantage step is checked against a float64 transcription of the docstring's formula on a
 hand-built batch (contributions and grounding -> dense rewards -> centred (or z-scored) per
@@ -21,14 +21,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from agentrl import types
 from agentrl.credit import spa
 from agentrl.envs import hidden_rule
 from agentrl.models import heads
 from agentrl.models import testing
 from agentrl.models import transformer
+from agentrl import types
 
-spa_rl = importlib.import_module("experiments.spa_rl")
+spa_rl = importlib.import_module("experiments.agents.spa_rl")
 
 # Rows 0, 1: prompt prompt | turn 0 (2 tokens) | obs | turn 1 (2 tokens) | pad.
 # Row 2: prompt prompt | turn 0 (2 tokens) | obs | pad (the episode ended after one turn).

@@ -1,5 +1,5 @@
 # pylint: disable=invalid-name
-"""experiments/spo_chain.py: its advantage step on a hand-made batch, the Monte-Carlo prefix
+"""experiments/agents/spo_chain.py: its advantage step on a hand-made batch, the Monte-Carlo prefix
 batch and the scoring of MC responses in the real arithmetic env.
 
 Golden values: MC values at hand-placed cuts give the segment differences V(s_k) - V(s_{k-1})
@@ -13,12 +13,12 @@ from absl.testing import absltest
 import jax.numpy as jnp
 import numpy as np
 
-from agentrl import recipe
-from agentrl import types
 from agentrl.credit import spo
 from agentrl.envs import arithmetic
+from agentrl.harness import recipe
+from agentrl import types
 
-spo_chain = importlib.import_module("experiments.spo_chain")
+spo_chain = importlib.import_module("experiments.agents.spo_chain")
 
 # Two prompt columns, a response of 5 (row 0) or 4 (rows 1-3) tokens, then padding. The
 # prompt's second token and the pads have p < 0.9 too: only the loss mask keeps them out.

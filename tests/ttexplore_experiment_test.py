@@ -1,5 +1,5 @@
 # pylint: disable=invalid-name
-"""experiments/ttexplore.py: only the kept thought carries advantage and loss.
+"""experiments/agents/ttexplore.py: only the kept thought carries advantage and loss.
 
 Episodes are the thinker env's expert demonstrations (the SFT data's token layout), rendered
 with the experiment's own tokenizer; one thought per trajectory is kept as in the rollout.
@@ -14,15 +14,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from agentrl import recipe
-from agentrl import types
 from agentrl.envs import thinker
+from agentrl.harness import recipe
 from agentrl.models import policy as policy_lib
 from agentrl.models import transformer
 from agentrl.rollout import agent_loop
 from agentrl.rollout import pack
+from agentrl import types
 
-ttexplore = importlib.import_module("experiments.ttexplore")
+ttexplore = importlib.import_module("experiments.agents.ttexplore")
 
 
 def _config():

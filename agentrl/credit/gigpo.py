@@ -23,7 +23,7 @@ per-trajectory Eq. 3.
 
 `anchor_groups` is host Python (it hashes environment states); the rest are pure jax functions
 over `[B, U]` arrays (rows [i*G, (i+1)*G) are prompt i's trajectories, valid turns a prefix of
-each row). `advantages.broadcast_turn_to_tokens` carries the result to the turn's tokens.
+each row). `estimators.broadcast_turn_to_tokens` carries the result to the turn's tokens.
 """
 from collections.abc import Sequence
 import difflib
@@ -33,7 +33,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from agentrl import advantages
+from agentrl.advantages import estimators
 
 MODES = ("mean_norm", "mean_std_norm")
 
@@ -132,7 +132,7 @@ def group_normalize(x_N: jax.Array, segment_N: jax.Array, valid_N: jax.Array, *,
   x_N = jnp.where(valid_N, x_N.astype(jnp.float32), 0.0)
   ssum = lambda v: jax.ops.segment_sum(v, seg_N, num_segments=num_segments)
   count_N = ssum(valid_N.astype(jnp.float32))[seg_N]
-  # Centre on the segment minimum first, so equal values give exactly 0 (as advantages.centre).
+  # Centre on the segment minimum first, so equal values give exactly 0 (as estimators.centre).
   low_S = jax.ops.segment_min(jnp.where(valid_N, x_N, jnp.inf), seg_N, num_segments=num_segments)
   d_N = jnp.where(valid_N, x_N - low_S[seg_N], 0.0)
   centred_N = d_N - ssum(d_N)[seg_N] / jnp.maximum(count_N, 1.0)
@@ -219,7 +219,7 @@ def gigpo(episode_reward_B: jax.Array, step_reward_BU: jax.Array, anchor_id_BU: 
   _check(turn_mask_BU, group_size, episode_reward_B=episode_reward_B,
          step_reward_BU=step_reward_BU)
   norm = mode == "mean_std_norm"
-  returns_BU = advantages.discounted_turn_returns(step_reward_BU, turn_mask_BU, gamma=gamma)
+  returns_BU = estimators.discounted_turn_returns(step_reward_BU, turn_mask_BU, gamma=gamma)
   ep_B = episode_advantage(episode_reward_B, turn_mask_BU, group_size=group_size,
                            norm_by_std=norm, eps=eps, weight_by_steps=weight_by_steps)
   step_BU = step_advantage(returns_BU, anchor_id_BU, norm_by_std=norm, eps=eps)

@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from agentrl import advantages
+from agentrl.advantages import estimators
 from agentrl.credit import gigpo
 
 jax.config.update("jax_numpy_rank_promotion", "raise")
@@ -156,7 +156,7 @@ class GigpoTest(chex.TestCase):
     for mode, norm in (("mean_norm", False), ("mean_std_norm", True)):
       adv = gigpo.gigpo(jnp.asarray(ep), jnp.asarray(step), ids, group_size=4, omega=0.0,
                         mode=mode, weight_by_steps=False)
-      grpo_B = advantages.grpo(jnp.asarray(ep), group_size=4, norm_by_std=norm)
+      grpo_B = estimators.grpo(jnp.asarray(ep), group_size=4, norm_by_std=norm)
       np.testing.assert_allclose(adv, jnp.where(ids >= 0, grpo_B[:, None], 0.0), rtol=1e-6,
                                  atol=1e-7)
 

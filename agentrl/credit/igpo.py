@@ -21,7 +21,7 @@ scale the rewards before normalisation: multiply `turn_reward_BU` by them before
 import jax
 import jax.numpy as jnp
 
-from agentrl import advantages
+from agentrl.advantages import estimators
 from agentrl.credit import pooling
 
 INFO_GAIN_TYPES = ("log_prob_diff", "prob_diff")
@@ -66,7 +66,7 @@ def turn_rewards(answer_logp_BU: jax.Array, turn_mask_BU: jax.Array, outcome_B: 
   Valid turns are a prefix of each row; invalid turns get 0. The last turn (the answer) gets
   the outcome only (IGPO's F1, -2.0 on a format error in their reward), no gain of its own.
 
-  Relation to `agentrl.advantages.information_gain`: that function is this one with
+  Relation to `agentrl.advantages.estimators.information_gain`: that function is this one with
   `info_gain_type="prob_diff"`, taking the summed log-prob and the answer length instead of
   the mean (`information_gain(s, L, m, R) == turn_rewards(s / L, m, R,
   info_gain_type="prob_diff")`, tested); the authors now launch with `log_prob_diff`.
@@ -167,4 +167,4 @@ def token_advantages(turn_reward_BU: jax.Array, turn_mask_BU: jax.Array, turn_BT
   arguments go to `turn_advantages`.
   """
   adv_BU = turn_advantages(turn_reward_BU, turn_mask_BU, group_size=group_size, **kwargs)
-  return advantages.broadcast_turn_to_tokens(adv_BU, turn_BT, loss_mask_BT)
+  return estimators.broadcast_turn_to_tokens(adv_BU, turn_BT, loss_mask_BT)

@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from agentrl import advantages
+from agentrl.advantages import estimators
 from agentrl.credit import igpo
 
 jax.config.update("jax_numpy_rank_promotion", "raise")
@@ -109,7 +109,7 @@ class TurnRewardsTest(chex.TestCase):
     mask = jnp.asarray(np.arange(5)[None] < rng.integers(0, 6, size=6)[:, None], jnp.float32)
     outcome = jnp.asarray(rng.normal(size=6), jnp.float32)
     np.testing.assert_allclose(
-        advantages.information_gain(summed, length, mask, outcome),
+        estimators.information_gain(summed, length, mask, outcome),
         igpo.turn_rewards(summed / length[:, None], mask, outcome, info_gain_type="prob_diff"),
         rtol=1e-6, atol=1e-7)
 

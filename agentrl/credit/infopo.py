@@ -20,7 +20,7 @@ of turn t + 1, and keep the log-probs of turn t + 1's tokens; each action is sco
 one counterfactual, so all of them fit in one array `counterfactual_logp_BT`.
 
 Outcome advantage: the launch uses turn credits "Equalized" with trajectory score "Sum", which
-reduces to GRPO on the trajectory reward broadcast to every response token (`agentrl.advantages
+reduces to GRPO on the trajectory reward broadcast to every response token (`agentrl.advantages.estimators
 .grpo`: unbiased std, eps 1e-6, a size-1 group has mean 0 and std 1).
 """
 from collections.abc import Sequence
@@ -28,7 +28,7 @@ from collections.abc import Sequence
 import jax
 import jax.numpy as jnp
 
-from agentrl import advantages
+from agentrl.advantages import estimators
 from agentrl.credit import pooling
 
 PLACEHOLDER = "No information found."
@@ -95,7 +95,7 @@ def token_information(info_BU: jax.Array, turn_BT: jax.Array,
   _, count_BU = _turn_sums(jnp.zeros(loss_mask_BT.shape), turn_BT, loss_mask_BT,
                            info_BU.shape[1])
   per_token_BU = info_BU.astype(jnp.float32) / jnp.maximum(count_BU, 1.0)
-  return advantages.broadcast_turn_to_tokens(per_token_BU, turn_BT, loss_mask_BT)
+  return estimators.broadcast_turn_to_tokens(per_token_BU, turn_BT, loss_mask_BT)
 
 
 def _group_token_zscore(x_BT: jax.Array, loss_mask_BT: jax.Array, group_size: int, *,
@@ -148,8 +148,8 @@ def token_advantages(outcome_B: jax.Array, info_BU: jax.Array, turn_BT: jax.Arra
   if outcome_B.shape != loss_mask_BT.shape[:1] or info_BU.shape[0] != outcome_B.shape[0]:
     raise ValueError(f"infopo.token_advantages: outcome_B {outcome_B.shape}, info_BU "
                      f"{info_BU.shape} and loss_mask_BT {loss_mask_BT.shape} disagree on B.")
-  adv_out_BT = advantages.broadcast_to_tokens(
-      advantages.grpo(outcome_B, group_size=group_size, norm_by_std=norm_by_std, eps=eps),
+  adv_out_BT = estimators.broadcast_to_tokens(
+      estimators.grpo(outcome_B, group_size=group_size, norm_by_std=norm_by_std, eps=eps),
       loss_mask_BT)
   reward_BT = token_information(info_BU, turn_BT, loss_mask_BT)
   adv_int_BT = reward_BT
@@ -169,6 +169,6 @@ def token_advantages(outcome_B: jax.Array, info_BU: jax.Array, turn_BT: jax.Arra
   gate_B = jax.nn.sigmoid(-group_std_PG.reshape(-1) / gate_temperature)
   adv_BT = adv_out_BT + intrinsic_weight * gate_B[:, None] * ratio * adv_int_BT
   metrics = {"infopo_gate_mean": gate_B.mean(), "infopo_magnitude_ratio": ratio,
-             "infopo_intrinsic_abs_mean": advantages.adv_abs_mean(
+             "infopo_intrinsic_abs_mean": estimators.adv_abs_mean(
                  intrinsic_weight * gate_B[:, None] * ratio * adv_int_BT, loss_mask_BT)}
   return jnp.where(loss_mask_BT > 0, adv_BT, 0.0), metrics

@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from agentrl import advantages
+from agentrl.advantages import estimators
 from agentrl.credit import infopo
 
 jax.config.update("jax_numpy_rank_promotion", "raise")
@@ -177,7 +177,7 @@ class TokenAdvantagesTest(chex.TestCase):
     outcome, logp, cf_logp, turn, mask, _, feedback = random_case(rng, 3, 2)
     info = infopo.turn_information(jnp.asarray(logp), jnp.asarray(cf_logp), jnp.asarray(turn),
                                    jnp.asarray(mask), jnp.asarray(feedback))
-    grpo_BT = advantages.broadcast_to_tokens(advantages.grpo(jnp.asarray(outcome), group_size=3),
+    grpo_BT = estimators.broadcast_to_tokens(estimators.grpo(jnp.asarray(outcome), group_size=3),
                                              jnp.asarray(mask))
     for weight, info_BU in ((0.0, info), (0.1, jnp.zeros_like(info))):
       got, _ = infopo.token_advantages(jnp.asarray(outcome), info_BU, jnp.asarray(turn),

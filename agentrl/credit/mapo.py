@@ -18,7 +18,7 @@ Docs: docs/algorithms.md §5.4.
 import jax
 import jax.numpy as jnp
 
-from agentrl import advantages
+from agentrl.advantages import estimators
 
 WEIGHTINGS = ("quadratic", "linear")
 
@@ -58,8 +58,8 @@ def mapo(reward_B: jax.Array, *, group_size: int, eps: float = 1e-6, success_val
   """
   if group_size < 2:
     raise ValueError(f"mapo needs group_size >= 2 (a group's std and mean); got {group_size}.")
-  z_B = advantages.grpo(reward_B, group_size=group_size, eps=eps)
-  centred_B = advantages.grpo(reward_B, group_size=group_size, norm_by_std=False)
+  z_B = estimators.grpo(reward_B, group_size=group_size, eps=eps)
+  centred_B = estimators.grpo(reward_B, group_size=group_size, norm_by_std=False)
   mean_B = jnp.repeat(reward_B.astype(jnp.float32).reshape(-1, group_size).mean(axis=1),
                       group_size)
   percent_B = centred_B / (mean_B + eps)

@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from agentrl import advantages
+from agentrl.advantages import estimators
 from agentrl.credit import mapo
 
 jax.config.update("jax_numpy_rank_promotion", "raise")
@@ -58,7 +58,7 @@ class MapoTest(chex.TestCase):
   def test_fixed_lambda_reductions(self):
     reward = jnp.array([1.0, 0.0, 0.0, 0.0, 0.2, 0.6, 0.6, 1.0])
     np.testing.assert_allclose(mapo.mapo(reward, group_size=4, lam=0.0),
-                               advantages.grpo(reward, group_size=4), rtol=1e-6)
+                               estimators.grpo(reward, group_size=4), rtol=1e-6)
     mean = jnp.repeat(reward.reshape(2, 4).mean(1), 4)
     np.testing.assert_allclose(mapo.mapo(reward, group_size=4, lam=1.0),
                                (reward - mean) / (mean + 1e-6), rtol=1e-5, atol=1e-6)

@@ -34,7 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 from scipy import optimize
 
-from agentrl import advantages
+from agentrl.advantages import estimators
 
 METHODS = ("greedy", "kuhn_munkres", "ot")
 
@@ -205,8 +205,8 @@ def dual_advantage(turn_reward_BU: jax.Array, turn_mask_BU: jax.Array, *, group_
                      f"{turn_reward_BU.shape} and {turn_mask_BU.shape}.")
   valid_BU = turn_mask_BU > 0
   reward_BU = jnp.where(valid_BU, turn_reward_BU.astype(jnp.float32), 0.0)
-  traj_B = advantages.grpo(reward_BU.sum(axis=1), group_size=group_size,
+  traj_B = estimators.grpo(reward_BU.sum(axis=1), group_size=group_size,
                            norm_by_std=norm_by_std, eps=eps)
-  returns_BU = advantages.discounted_turn_returns(reward_BU, valid_BU, gamma=gamma)
-  turn_BU = advantages.turn_group(returns_BU, valid_BU, group_size=group_size, eps=eps)
+  returns_BU = estimators.discounted_turn_returns(reward_BU, valid_BU, gamma=gamma)
+  turn_BU = estimators.turn_group(returns_BU, valid_BU, group_size=group_size, eps=eps)
   return jnp.where(valid_BU, (traj_B[:, None] + turn_BU) / 2.0, 0.0)

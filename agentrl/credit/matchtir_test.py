@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from agentrl import advantages
+from agentrl.advantages import estimators
 from agentrl.credit import matchtir
 
 jax.config.update("jax_numpy_rank_promotion", "raise")
@@ -169,7 +169,7 @@ class DualAdvantageTest(chex.TestCase):
     # With one turn per trajectory both levels are the same z-score: the fusion is GRPO.
     reward = jnp.array([[1.0], [0.0], [0.5], [0.5]])
     adv = matchtir.dual_advantage(reward, jnp.ones((4, 1)), group_size=2)
-    np.testing.assert_allclose(adv[:, 0], advantages.grpo(reward[:, 0], group_size=2),
+    np.testing.assert_allclose(adv[:, 0], estimators.grpo(reward[:, 0], group_size=2),
                                rtol=1e-6)
 
   def test_bad_shapes(self):

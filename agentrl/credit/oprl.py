@@ -20,7 +20,7 @@ weight `alpha` = 1. beta has no published default and must be given.
 import jax
 import jax.numpy as jnp
 
-from agentrl import advantages
+from agentrl.advantages import estimators
 from agentrl.credit import gigpo
 from agentrl.losses import aggregation
 from agentrl.losses import preference
@@ -101,7 +101,7 @@ def oprl_advantage(outcome_B: jax.Array, step_reward_BU: jax.Array, turn_mask_BU
                    eps: float = 1e-6) -> jax.Array:
   """Per-turn advantage [B, U]: A_episode + alpha * A_step [INF form]; 0 on absent turns.
 
-  A_episode is `advantages.grpo` of the outcome; A_step z-scores `step_reward_BU` (from
+  A_episode is `estimators.grpo` of the outcome; A_step z-scores `step_reward_BU` (from
   `implicit_step_reward`), unbiased std, eps 1e-6, over the turns of one step group [INF]:
   `step_norm="group"` pools every valid turn of the prompt's group; `"turn"` pools one turn
   index of the prompt's group (GiGPO's and MatchTIR's (prompt, turn) groups), so a group of
@@ -113,7 +113,7 @@ def oprl_advantage(outcome_B: jax.Array, step_reward_BU: jax.Array, turn_mask_BU
                      f"{step_reward_BU.shape}, turn mask {turn_mask_BU.shape}.")
   if step_norm not in ("group", "turn"):
     raise ValueError(f"step_norm={step_norm!r}: use 'group' or 'turn'.")
-  episode_B = advantages.grpo(outcome_B, group_size=group_size, eps=eps)
+  episode_B = estimators.grpo(outcome_B, group_size=group_size, eps=eps)
   prompt_BU = jnp.broadcast_to((jnp.arange(B) // group_size)[:, None], (B, U))
   segments = B // group_size
   if step_norm == "turn":

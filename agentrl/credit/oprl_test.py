@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from agentrl import advantages
+from agentrl.advantages import estimators
 from agentrl.credit import oprl
 from agentrl.losses import aggregation
 from agentrl.losses import preference
@@ -111,7 +111,7 @@ class OprlAdvantageTest(chex.TestCase):
     step = jnp.asarray(rng.normal(size=(8, 3)), jnp.float32)
     mask = jnp.asarray(rng.random((8, 3)) > 0.2, jnp.float32)
     adv = oprl.oprl_advantage(outcome, step, mask, group_size=4, alpha=0.0)
-    grpo_B = advantages.grpo(outcome, group_size=4)
+    grpo_B = estimators.grpo(outcome, group_size=4)
     np.testing.assert_allclose(adv, jnp.where(mask > 0, grpo_B[:, None], 0.0), rtol=1e-6)
     same = oprl.oprl_advantage(jnp.full((3,), 0.4), jnp.full((3, 2), -0.7), jnp.ones((3, 2)),
                                group_size=3)

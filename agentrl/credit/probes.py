@@ -5,7 +5,7 @@ Where each model turn starts and ends, "context then answer" probe rows (IGPO's 
 probes, SIOP's reference probes), GiGPO's anchor-state step groups, SIOP's answer modes and
 InfoPO's counterfactual transcripts, and the jitted teacher-forced passes that score them
 (`make_probe_step`, `make_counterfactual_step`); rows [i*G, (i+1)*G) are prompt i's
-trajectories throughout. experiments/agent.py composes them.
+trajectories throughout. experiments/agents/agent.py composes them.
 """
 from collections.abc import Callable, Sequence
 import dataclasses
@@ -14,8 +14,8 @@ from flax import nnx
 import jax.numpy as jnp
 import numpy as np
 
-from agentrl import types
 from agentrl.models import policy as policy_lib
+from agentrl import types
 
 from agentrl.credit import gigpo
 from agentrl.credit import infopo

@@ -31,7 +31,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from agentrl import advantages
+from agentrl.advantages import estimators
 from agentrl.credit import pooling
 
 
@@ -196,7 +196,7 @@ def turn_advantages(turn_reward_BU: jax.Array, turn_mask_BU: jax.Array, *, group
   All valid (rollout, turn) rewards of a prompt's G rollouts form one pool: mean and unbiased
   std; a std below eps is replaced by 1; a pool of at most one reward gives the whole group 0.
   Then A_k = r~_k + gamma * A_{k+1} over the row's turns (every assistant turn is a boundary,
-  zero rewards included). Broadcast with `agentrl.advantages.broadcast_turn_to_tokens`.
+  zero rewards included). Broadcast with `agentrl.advantages.estimators.broadcast_turn_to_tokens`.
   """
   if (turn_reward_BU.ndim != 2 or turn_mask_BU.shape != turn_reward_BU.shape or group_size < 1
       or turn_reward_BU.shape[0] % group_size):
@@ -211,4 +211,4 @@ def turn_advantages(turn_reward_BU: jax.Array, turn_mask_BU: jax.Array, *, group
     std_P1 = jnp.sqrt(sumsq_P1 / jnp.maximum(count_P1 - 1.0, 1.0))
     centred_PN = centred_PN / (jnp.where(std_P1 < eps, 1.0, std_P1) + eps)
   normed_BU = jnp.where(count_P1 > 1, centred_PN, 0.0).reshape(B, U)
-  return advantages.discounted_turn_returns(normed_BU, turn_mask_BU, gamma=gamma)
+  return estimators.discounted_turn_returns(normed_BU, turn_mask_BU, gamma=gamma)

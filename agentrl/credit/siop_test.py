@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from agentrl import advantages
+from agentrl.advantages import estimators
 from agentrl.credit import igpo
 from agentrl.credit import siop
 
@@ -215,7 +215,7 @@ class TurnAdvantagesTest(chex.TestCase):
     loss_mask = jnp.array([[0, 1, 0, 0, 1, 1], [0, 1, 1, 0, 0, 1]])
     adv_BU = siop.turn_advantages(jnp.array([[0.2, 0.5], [0.0, 0.9]]), jnp.ones((2, 2)),
                                   group_size=2)
-    adv_BT = np.asarray(advantages.broadcast_turn_to_tokens(adv_BU, turn, loss_mask))
+    adv_BT = np.asarray(estimators.broadcast_turn_to_tokens(adv_BU, turn, loss_mask))
     self.assertTrue(np.all(adv_BT[np.asarray(loss_mask) == 0] == 0.0))
     self.assertTrue(np.all(adv_BT[np.asarray(loss_mask) > 0] != 0.0))
 

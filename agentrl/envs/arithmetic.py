@@ -15,7 +15,7 @@ Two prompt styles:
 `make_problem(seed, ...)` is the pure generator that agentrl.data streams; `ArithmeticEnv` is
 the same task as a one-step Env. The supervised side of the compact task (a character-level
 tokenizer, gold sequences for teacher forcing, the SFT seed ranges) is at the end: the warm
-start of the from-scratch runs (agentrl/sft.py) and the reward-model experiment use it.
+start of the from-scratch runs (agentrl/harness/sft.py) and the reward-model experiment use it.
 """
 import random
 

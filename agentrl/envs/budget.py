@@ -13,7 +13,7 @@ budget in the assistant prefill "<think> I will answer the question with {b} tok
 prompt is raw text and the sentence is exactly the prefill; with a chat template it ends the
 user message instead, because the rollout renders env text through the template [INF,
 docs/algorithms.md §12.2]. The reward and advantage are `length_rewards.hbpo_reward` and
-`advantages_budget.hbpo`, given each row's budget.
+`efficiency.hbpo`, given each row's budget.
 """
 from collections.abc import Sequence
 

@@ -30,7 +30,7 @@ is graded (a shaped reward: `success` stays the game's outcome, and a failure ea
 c < 1, less than a solve). Families without a graded notion of progress ignore it.
 
 `demonstration(seed, rng, noise=...)` is a scripted expert's actions for the episode of
-`seed`, the supervised warm start's data for a from-scratch policy (agentrl/sft.py): it knows
+`seed`, the supervised warm start's data for a from-scratch policy (agentrl/harness/sft.py): it knows
 the secret and plays as a player who reads the feedback would (binary search in `guess`;
 three queries, then the answer, in `transform`; three encodings, then the decoded word, in
 `cipher`; two tests, then the answer, in `category`). With probability `noise` each exploring

@@ -1,7 +1,7 @@
 # pylint: disable=invalid-name
 """Verbose-answer reversed addition: the compact task with filler the reward ignores.
 
-The efficiency experiments (experiments/hapo_length.py, brpo.py, hbpo.py, decs.py, eapo.py,
+The efficiency experiments (experiments/efficiency/hapo_length.py, brpo.py, hbpo.py, decs.py, eapo.py,
 tppo.py, delethink.py) need a task whose responses vary in length without changing their
 correctness, so that a length-aware objective has something to shorten. A response is
 
@@ -149,7 +149,7 @@ def trailing_filler(tokens_BT: jax.Array, loss_mask_BT: jax.Array, *, filler_id:
 
   Content is any sampled token that is neither FILLER nor a stop id, so in "..>9750..<EOS>"
   the last content token is "0" and the two dots after it are marked; a row with no content
-  token marks nothing. DECS reads these as the redundant tokens (experiments/decs.py).
+  token marks nothing. DECS reads these as the redundant tokens (experiments/efficiency/decs.py).
   """
   sampled_BT = loss_mask_BT > 0
   filler_BT = tokens_BT == filler_id

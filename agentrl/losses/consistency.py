@@ -3,7 +3,7 @@
 
 COPO (arXiv 2508.04138; code hijih/copo-code `verl/trainer/ppo/core_algos.py`
 `compute_policy_loss_with_global`, commit c15c75f; docs/algorithms.md §13.5). The advantages
-come from `agentrl.shaping`: the local one is GRPO's, the global one
+come from `agentrl.advantages.shaping`: the local one is GRPO's, the global one
 `shaping.copo_global_advantage`, the weight `shaping.copo_local_weight`. Inputs, masks and
 metric names follow the `agentrl.losses.policy` conventions.
 """

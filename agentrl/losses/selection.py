@@ -9,7 +9,7 @@
   actor/dp_actor.py` `compute_log_prob_h`): per-token coefficients from the discriminator
   that the policy-gradient update induces (`delta_token_weights`). docs/algorithms.md §13.2.
 - `top_fraction_mask`: the ceil(rho * N) highest-scoring valid tokens, over the batch or per
-  row; D3S and `agentrl.shaping.lowest_fraction_mean` build on it.
+  row; D3S and `agentrl.advantages.shaping.lowest_fraction_mean` build on it.
 
 Selections are data for the loss (a new mask or a detached weight): every output is 0 where
 the loss mask is 0, and inputs there (NaN padding included) are never read.
@@ -17,7 +17,7 @@ the loss mask is 0, and inputs there (NaN padding included) are never read.
 import jax
 import jax.numpy as jnp
 
-from agentrl import advantages
+from agentrl.advantages import estimators
 from agentrl.losses import schedules
 
 SCOPES = ("batch", "row")
@@ -74,7 +74,7 @@ def max_variance_subset(value_B: jax.Array, *, group_size: int, k: int) -> jax.A
   [INF] Whether the kept rollouts' advantages are recomputed on the subset is the caller's
   choice; the paper's abstract does not say.
   """
-  x_PG = advantages.grouped(value_B, group_size)
+  x_PG = estimators.grouped(value_B, group_size)
   if not 1 <= k <= group_size:
     raise ValueError(f"k must be in [1, group_size={group_size}]; got {k}.")
   x_PG = x_PG - x_PG.mean(axis=1, keepdims=True)  # centring keeps the sums well conditioned

@@ -2,7 +2,7 @@
 """Clipped value (critic) loss for PPO (Schulman et al. 2017; verl `compute_value_loss`).
 
 Per token, with V the critic's prediction, V_old the value recorded at rollout time and R the
-return target (e.g. `advantages.gae`'s returns), docs/algorithms.md §4.2:
+return target (e.g. `estimators.gae`'s returns), docs/algorithms.md §4.2:
 
   L_t = 0.5 * max((V_t - R_t)^2, (clip(V_t, V_old_t - c, V_old_t + c) - R_t)^2),   c = 0.5.
 

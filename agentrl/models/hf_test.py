@@ -175,7 +175,7 @@ class ErrorTest(absltest.TestCase):
       hf.load(self.path)
 
   def test_load_errors_are_model_file_errors(self):
-    # One `error:` line from the CLI (agentrl/cli.py USER_ERRORS), not a traceback.
+    # One `error:` line from the CLI (agentrl/harness/cli.py USER_ERRORS), not a traceback.
     for path in ("/nonexistent", os.path.join(self.path, "config.json")):
       with self.assertRaises(hf.ModelFileError):
         hf.load(path)

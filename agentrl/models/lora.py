@@ -28,8 +28,8 @@ every user of (graphdef, params) runs it unchanged. Training touches the adapter
   merge(graphdef, p)     a plain Transformer with W + (alpha / rank) A B folded in (HF export)
 
 The forward stops gradients at the base weights, so their gradients are exactly zero even for
-code that differentiates the whole params tree (agentrl.loop then skips them). Dropout applies
-only inside `dropout_key(key)`, which `agentrl.loop.gradient_step` enters; scoring, rollouts and
+code that differentiates the whole params tree (agentrl.train.loop then skips them). Dropout applies
+only inside `dropout_key(key)`, which `agentrl.train.loop.gradient_step` enters; scoring, rollouts and
 evaluation run without it.
 
 Why not qwix (Tunix's LoRA): qwix 0.1.8 intercepts einsum/dot_general and creates the adapter

@@ -22,17 +22,18 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from agentrl import advantages
+from agentrl.advantages import estimators
 from agentrl import checkpoint
-from agentrl import loop
-from agentrl import sharding
-from agentrl import types
 from agentrl.data import generators
 from agentrl.data import stream
 from agentrl.models import lora
 from agentrl.models import policy
 from agentrl.models import testing
 from agentrl.models import transformer
+from agentrl.records import metrics
+from agentrl import sharding
+from agentrl.train import loop
+from agentrl import types
 
 jax.config.update("jax_numpy_rank_promotion", "raise")
 
@@ -195,7 +196,7 @@ def _batch(seed: int) -> types.Batch:
   tokens_BT, positions_BT, mask_BT = _tokens(seed)
   reward_B = (tokens_BT[:, -1] % 2).astype(jnp.float32)
   loss_BT = jnp.zeros((B, T)).at[:, 3:].set(1.0)
-  adv_B = advantages.grpo(reward_B, group_size=G)
+  adv_B = estimators.grpo(reward_B, group_size=G)
   return types.Batch(tokens_BT=tokens_BT, positions_BT=positions_BT, input_mask_BT=mask_BT,
                      loss_mask_BT=loss_BT, reward_B=reward_B, adv_BT=adv_B[:, None] * loss_BT)
 
@@ -300,7 +301,7 @@ class ResumeTest(absltest.TestCase):
     full = run(dirs[0], total_steps=4)
     run(dirs[1], total_steps=2)
     resumed = run(dirs[1], total_steps=4)
-    strip = lambda records: [{k: v for k, v in r.items() if k not in loop.TIMING_KEYS}
+    strip = lambda records: [{k: v for k, v in r.items() if k not in metrics.TIMING_KEYS}
                              for r in records]
     self.assertEqual(strip(resumed.records), strip(full.records))
     for got, want in zip(jax.tree.leaves(resumed.state), jax.tree.leaves(full.state)):

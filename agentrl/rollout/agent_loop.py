@@ -8,7 +8,7 @@ rollout engine (`agentrl.rollout.engine`) and the per-turn reference loop, and g
   trajs, metrics = agent_loop.run_per_turn(sampler, params, tok, envs, seeds, rng=key, ...)
   traj = agent_loop.scripted(tok, env, seed, ["guess 50", "guess 25"], chat_template=False)
 
-`scripted` renders a given list of actions (an expert's demonstration, agentrl/sft.py) into
+`scripted` renders a given list of actions (an expert's demonstration, agentrl/harness/sft.py) into
 the same token layout a rollout whose policy sampled those actions would have.
 `run_per_turn` is the simple reference the engine is tested against: each turn, every
 unfinished row is batched into one `Sampler.generate` call with its whole transcript as the

@@ -6,8 +6,8 @@ import numpy as np
 
 from agentrl.models import transformer
 from agentrl.rollout import agent_loop
-from agentrl.rollout import pack
 from agentrl.rollout import engine as engine_lib
+from agentrl.rollout import pack
 from agentrl.rollout import sampler as sampler_lib
 
 MAX_LEN = 64

@@ -19,7 +19,7 @@ docs/algorithms.md §12.4. For each of the G samples of a prompt:
 
 Training rows (what `run` returns): the G thinking rows (prompt, then the sampled thinking with
 loss mask 1) and the S A summary rows of each (context with loss mask 0, summary with loss
-mask 1), with score_BSA [B, S, A] for `advantages_budget.brpo_thinking`, `brpo_summary` and
+mask 1), with score_BSA [B, S, A] for `efficiency.brpo_thinking`, `brpo_summary` and
 `brpo_thinking_tokens` (`brpo_cut_index` gives the cut each slot reads). The official code
 packs a thinking and its summaries into one sequence with tree attention; separate rows give
 the same tokens the same contexts.

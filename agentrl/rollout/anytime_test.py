@@ -7,8 +7,8 @@ import numpy as np
 from agentrl.envs import arithmetic
 from agentrl.envs import verbose_arithmetic as verbose
 from agentrl.rollout import agent_loop
-from agentrl.rollout import continuations
 from agentrl.rollout import anytime
+from agentrl.rollout import continuations
 
 END = 9  # think-end id in the unit cases
 

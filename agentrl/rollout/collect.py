@@ -17,9 +17,9 @@ from typing import Any
 import jax
 import numpy as np
 
-from agentrl import types
 from agentrl.rollout import agent_loop
 from agentrl.rollout import pack as pack_lib
+from agentrl import types
 
 
 @dataclasses.dataclass

@@ -16,16 +16,16 @@ not actions, so they get loss_mask 0 even though the model attends to them (docs
 Padding is right-padding, so cutting columns past a row's length changes none of its real
 tokens' log-probs (attention is causal and pads are masked keys): a row gives the same values
 in any bucket that holds it. `length_sorted_layout` plans minibatches of rows of similar
-length, each padded only to its own bucket (`minibatch.length_sorted_minibatches`).
+length, each padded only to its own bucket (`loop.length_sorted_minibatches`).
 """
 from typing import Sequence
 
 import jax
 import numpy as np
 
-from agentrl import types
 from agentrl.rollout import agent_loop
 from agentrl.rollout import sampler as sampler_lib
+from agentrl import types
 
 
 def padded_length(lengths: Sequence[int], *, max_len: int, min_len: int = 16,

@@ -130,7 +130,7 @@ def entropy_temperature(logits_BV, temperature, adaptive_6, *, eps: float = 1e-6
   temperature * (1 + tau * h_hat). The released sampler's normalising statistics come from
   outside the function shown in the authors' notes; [INF] here they are the last update's, and
   signed = 1 (low-entropy tokens cool down, as the paper describes) is the default
-  (`experiments/hapo.py`). tau = 0 is the plain temperature.
+  (`experiments/shaping/hapo.py`). tau = 0 is the plain temperature.
   """
   tau, signed, m, s, pos_max, neg_min = (adaptive_6[i] for i in range(6))
   z_BV = logits_BV.astype(jnp.float32)

@@ -1,0 +1,1 @@
+"""Experiments: agents family (see README.md in this folder)."""

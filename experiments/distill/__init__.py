@@ -1,0 +1,1 @@
+"""Experiments: distill family (see README.md in this folder)."""

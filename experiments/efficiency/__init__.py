@@ -1,0 +1,1 @@
+"""Experiments: efficiency family (see README.md in this folder)."""

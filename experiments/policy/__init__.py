@@ -1,0 +1,1 @@
+"""Experiments: policy family (see README.md in this folder)."""

@@ -1,0 +1,1 @@
+"""Experiments: preference family (see README.md in this folder)."""

@@ -1,0 +1,1 @@
+"""Experiments: shaping family (see README.md in this folder)."""

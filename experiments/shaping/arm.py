@@ -1,0 +1,149 @@
+# pylint: disable=invalid-name
+r"""ProGRPO's Advantage Re-weighting Mechanism, ARM (Li et al. 2026, arXiv 2602.05281).
+
+  python -m experiments.shaping.arm
+  python -m experiments.shaping.arm --config=experiments/shaping/arm.py:smoke --workdir=/tmp/arm
+  python -m experiments.shaping.arm --config=experiments/shaping/arm.py:smollm2
+
+docs/algorithms.md §13.8 (no code found; the formula from a third-party review of the paper).
+GRPO, with each advantage shifted by the policy's own confidences unless its group has no
+success (`shaping.arm_advantage`):
+  A~_i = A_i + alpha (c(q) - c(o_i | q)),
+so answers the policy is already sure of lose advantage and under-explored ones gain, against
+entropy collapse. The confidences are pi_old's mean log-prob over the ~20% least likely
+tokens (`shaping.lowest_fraction_mean`, the paper's low-probability token normalisation; that
+it is this mean is [INF]): of the prompt's tokens for c(q), of the response's for c(o_i | q).
+alpha = 0.1 is [INF] (no published default); alpha = 0 is GRPO. PPO clip eps 0.2,
+token-mean, no KL.
+"""
+from absl import app
+from flax import nnx
+import jax
+import jax.numpy as jnp
+import ml_collections as mlc
+
+from agentrl.advantages import estimators
+from agentrl.advantages import shaping
+from agentrl import configs
+from agentrl import distributed
+from agentrl.harness import cli
+from agentrl.harness import recipe
+from agentrl.harness import rl_config
+from agentrl.losses import aggregation
+from agentrl.losses import policy as pg
+from agentrl.models import policy as policy_lib
+from agentrl.records import rundir
+from agentrl import sharding
+from agentrl.train import loop
+from agentrl import types
+
+
+def get_config(arg: str | None = None) -> mlc.ConfigDict:
+  arg = configs.parse_arg(arg, preset="cpu", smoke=False)
+  c = rl_config.rl_config(arg.preset, smoke=arg.smoke)
+  c.loss = dict(eps_low=0.2, eps_high=0.2, alpha=0.1, low_fraction=0.2)
+  return c
+
+
+SCHEMA = {
+    **rl_config.RL_SCHEMA,
+    "loss.eps_low": configs.Key(float, min=0.0, max=1.0),
+    "loss.eps_high": configs.Key(float, min=0.0),
+    "loss.alpha": configs.Key(float, min=0.0),
+    "loss.low_fraction": configs.Key(float, min=1e-6, max=1.0),
+}
+
+
+# ---------------------------------------------------------------------------------------------
+# The loss composition and the advantage step: the part to fork.
+# ---------------------------------------------------------------------------------------------
+def make_update_step(config, graphdef, tx):
+  """Returns update_step(state, batch) -> (state, metrics). Pure; jit it in train()."""
+  lc, impl, temperature = config.loss, config.model.logprob_impl, config.rollout.temperature
+
+  def loss_fn(params, batch: types.Batch):
+    policy = nnx.merge(graphdef, params)
+    logp_BT = policy_lib.token_logprobs(policy, batch.tokens_BT, batch.positions_BT,
+                                        batch.input_mask_BT, temperature=temperature, impl=impl)
+    mask_BT = batch.loss_mask_BT
+    pg_BT, metrics = pg.ppo_clip(logp_BT, batch.old_logp_BT, batch.adv_BT, mask_BT,
+                                 eps_low=lc.eps_low, eps_high=lc.eps_high)
+    loss = aggregation.aggregate(pg_BT, mask_BT, "token-mean")
+    return loss, metrics | {"loss": loss}
+
+  return loop.gradient_step(loss_fn, tx)
+
+
+def make_advantage_fn(config):
+  """(batch, extras) -> (batch with adv_BT, metrics): GRPO re-weighted by ARM."""
+  G, lc = config.rollout.group_size, config.loss
+
+  def advantage_fn(batch: types.Batch, extras):
+    del extras
+    adv_B = estimators.grpo(batch.reward_B, group_size=G)
+    # The first prompt's tokens; column 0 (BOS) has no log-prob.
+    prompt_BT = batch.input_mask_BT & (batch.turn_BT < 0)
+    prompt_BT = prompt_BT.at[:, 0].set(False).astype(jnp.float32)
+    prompt_conf_B = shaping.lowest_fraction_mean(batch.old_logp_BT, prompt_BT,
+                                                 fraction=lc.low_fraction)
+    answer_conf_B = shaping.lowest_fraction_mean(batch.old_logp_BT, batch.loss_mask_BT,
+                                                 fraction=lc.low_fraction)
+    adv_B = shaping.arm_advantage(adv_B, batch.reward_B, prompt_conf_B, answer_conf_B,
+                                  group_size=G, alpha=lc.alpha)
+    adv_BT = estimators.broadcast_to_tokens(adv_B, batch.loss_mask_BT)
+    metrics = {"adv_abs_mean": estimators.adv_abs_mean(adv_BT, batch.loss_mask_BT),
+               "arm/prompt_conf": prompt_conf_B.mean(), "arm/answer_conf": answer_conf_B.mean()}
+    return batch.replace(adv_BT=adv_BT), metrics
+
+  return advantage_fn
+
+
+# ---------------------------------------------------------------------------------------------
+# train() and main().
+# ---------------------------------------------------------------------------------------------
+def train(config: mlc.ConfigDict, workdir: str) -> dict:
+  """ProGRPO (ARM) end to end; returns the summary written to <workdir>/summary.json."""
+  rl_config.validate(config, SCHEMA)
+  start = rundir.write_config(config, workdir, experiment="arm")
+  rc, mesh = config.rollout, sharding.make_mesh(config.mesh)
+  make_env = recipe.make_task(config.task)
+
+  # ---- Policy (warm-started), frozen reference, optimizer.
+  tok, graphdef, params = recipe.build_policy(config, mesh)
+  params, sft_info = recipe.warm_start(config, workdir, mesh, graphdef, params, tok)
+  ref_params = recipe.reference_params(params)  # a copy; None: LoRA's frozen base
+  tx = recipe.make_optimizer(config.optim)
+  state, state_shardings = sharding.create_train_state(params, tx, mesh, config.sharding_rules)
+
+  # ---- Jitted steps.
+  score_step = jax.jit(loop.make_score_step(graphdef, temperature=rc.temperature,
+                                            logprob_impl=config.model.logprob_impl,
+                                            with_ref=True))
+  update_step = jax.jit(loop.skip_nonfinite(make_update_step(config, graphdef, tx)),
+                        donate_argnames="state", out_shardings=(state_shardings, None))
+
+  # ---- Rollout, data and held-out evaluation.
+  engine = recipe.rollout_engine(config, graphdef, tok)
+  data = recipe.prompt_stream(make_env)
+
+  # ---- The RL loop.
+  with jax.set_mesh(mesh):
+    result = loop.run(
+        state, rng=jax.random.key(config.seed), total_steps=config.total_steps, workdir=workdir,
+        rollout_fn=recipe.group_rollout_fn(config, engine, tok, make_env, data, mesh),
+        score_fn=lambda params, batch: score_step(params, ref_params, batch),
+        advantage_fn=jax.jit(make_advantage_fn(config)), update_fn=update_step, data=data,
+        evaluate=recipe.evaluator(config, engine, tok, make_env), **recipe.loop_options(config))
+  return rundir.write_summary(workdir, result, name="ProGRPO (ARM)", start=start,
+                              sft_info=sft_info)
+
+
+def main(argv):
+  del argv
+  distributed.initialize_distributed()  # no-op unless launched multi-process
+  cli.run(train, _CONFIG.value, _WORKDIR.value)  # user errors: one line, not a traceback
+
+
+if __name__ == "__main__":
+  _CONFIG, _WORKDIR = cli.define_flags(__file__)
+  app.run(main, flags_parser=cli.parse_flags)
