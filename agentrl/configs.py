@@ -1,9 +1,9 @@
 """Experiment config helpers: preset strings and up-front validation.
 
 `parse_arg` follows big_vision's `configs/common.py`: the single string after the colon in
-`--config=experiments/policy/grpo.py:smoke,size=tiny` becomes a ConfigDict of typed values. `validate`
-checks a finished config against a schema of dotted keys before anything is built, so a bad
-value fails in one line that names the key, instead of as a shape error deep inside `jit`:
+`--config=experiments/policy/grpo.py:smoke,size=tiny` becomes a ConfigDict of typed values.
+`validate` checks a finished config against a schema of dotted keys before anything is built, so a
+bad value fails in one line that names the key, instead of as a shape error deep inside `jit`:
 
   configs.validate(c, {
       "total_steps": configs.Key(int, min=1),

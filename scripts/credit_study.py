@@ -5,8 +5,8 @@ r"""Credit-assignment study: outcome-only GRPO vs turn-level credit on multi-tur
   python scripts/credit_study.py --out=/tmp/cs --methods=grpo --seeds=1 --steps=4
   python scripts/credit_study.py --task=tool_use --out=runs/tool_study --steps=75
 
---task=hidden_rule (default): every run is `python -m experiments.agents.agent` with its `cpu` preset
-(the number-guessing hidden-rule game, 7 turns, a tiny model warm-started by SFT on
+--task=hidden_rule (default): every run is `python -m experiments.agents.agent` with its `cpu`
+preset (the number-guessing hidden-rule game, 7 turns, a tiny model warm-started by SFT on
 demonstrations) and one `loss.credit`, on the outcome reward alone
 (`task.closeness_reward=0`: the main job's graded reward for failures would give every credit
 the dense signal that turn-level credit is meant to supply), SFT checked every 10 steps (the

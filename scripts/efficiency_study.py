@@ -9,8 +9,8 @@ its default `cpu` preset (the verbose-answer arithmetic task, envs/verbose_arith
 answers padded with filler the reward ignores) and the same budget: --steps RL steps of
 --prompts prompts x --group samples, one update per step (HAPO reads and writes its history
 in the update, so every method gets updates.minibatches = 1), a held-out greedy evaluation on
---eval_problems problems every --eval_every steps. GRPO is experiments/efficiency/hapo_length.py with
-loss.w = 0, which is GRPO exactly (reward = correctness) with the same prompts and evaluation.
+--eval_problems problems every --eval_every steps. GRPO is experiments/efficiency/hapo_length.py
+with loss.w = 0, which is GRPO exactly (reward = correctness) with the same prompts and evaluation.
 All runs share one SFT warm start (the study's first run trains it; the others get a copy),
 so every method and seed starts from the same policy and the seeds vary the RL runs.
 

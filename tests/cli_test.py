@@ -45,8 +45,9 @@ class CommandLineTest(parameterized.TestCase):
 
   @parameterized.named_parameters(
       ("unknown_key", ["--config=experiments/policy/grpo.py:smoke", "--config.loss.epsilon=0.2"],
-       r"--config\.loss\.epsilon: the config has no key 'loss\.epsilon' \(experiments/policy/grpo\.py:"
-       r"smoke; --print_config lists them\); did you mean --config\.loss\.eps_low\?$"),
+       r"--config\.loss\.epsilon: the config has no key 'loss\.epsilon' "
+       r"\(experiments/policy/grpo\.py:smoke; --print_config lists them\); "
+       r"did you mean --config\.loss\.eps_low\?$"),
       # Without --config the experiment's own file (default preset) is checked.
       ("unknown_key_default_preset", ["--config.optim.lrr=0.1"],
        r"--config\.optim\.lrr: the config has no key 'optim\.lrr' \(experiments/policy/grpo\.py; "
@@ -69,7 +70,8 @@ class CommandLineTest(parameterized.TestCase):
 class PrintConfigTest(absltest.TestCase):
 
   def test_print_config_lists_every_key_with_its_schema(self):
-    out = _run("--config=experiments/policy/grpo.py:smoke", "--config.optim.lr=0.5", "--print_config")
+    out = _run("--config=experiments/policy/grpo.py:smoke", "--config.optim.lr=0.5",
+               "--print_config")
     self.assertEqual(out.returncode, 0, out.stderr[-2000:])
     lines = out.stdout.splitlines()
     self.assertIn("optim.lr = 0.5  # float, in [0.0, ]", lines)
@@ -206,8 +208,9 @@ class DefaultWorkdirTest(absltest.TestCase):
       self.assertEqual(cli.default_workdir(["x"]), "runs/ctpo")
       self.assertEqual(cli.default_workdir(["x", "--config=experiments/policy/ctpo.py:smoke"]),
                        "runs/ctpo_smoke")
-      self.assertEqual(cli.default_workdir(["x", "--config", "experiments/policy/ctpo.py:smollm2,smoke"]),
-                       "runs/ctpo_smollm2_smoke")
+      self.assertEqual(
+          cli.default_workdir(["x", "--config", "experiments/policy/ctpo.py:smollm2,smoke"]),
+          "runs/ctpo_smollm2_smoke")
       self.assertEqual(cli.default_workdir(["x", "--config=experiments/policy/ctpo.py:p=x/y"]),
                        "runs/ctpo_p-x_y")
 
@@ -248,6 +251,7 @@ class SignalTest(parameterized.TestCase):
   """
 
   @parameterized.named_parameters(
+      # Without the suite's compilation cache, so step 1 really compiles.
       ("sigint_during_step_1", signal.SIGINT, "step 0/", 130,
        r"interrupted \(SIGINT\); no checkpoint was written yet$"),
       ("sigterm_after_a_checkpoint", signal.SIGTERM, "step 2/", 143,
@@ -255,14 +259,17 @@ class SignalTest(parameterized.TestCase):
        r"command resumes from it$"),
   )
   def test_signal_stops_with_one_line(self, signum, after, code, pattern):
+    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1")
+    if after == "step 0/":
+      env.pop("JAX_COMPILATION_CACHE_DIR", None)
     workdir = tempfile.mkdtemp()
     self.addCleanup(shutil.rmtree, workdir, ignore_errors=True)
     with tempfile.TemporaryFile("w+") as stderr:  # a pipe left unread could fill and block it
       proc = subprocess.Popen(
-          [sys.executable, "-m", "experiments.policy.grpo", "--config=experiments/policy/grpo.py:smoke",
-           f"--workdir={workdir}", "--config.total_steps=1000"], cwd=ROOT, text=True,
-          stdout=subprocess.PIPE, stderr=stderr,
-          env=dict(os.environ, JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1"))
+          [sys.executable, "-m", "experiments.policy.grpo",
+           "--config=experiments/policy/grpo.py:smoke", f"--workdir={workdir}",
+           "--config.total_steps=1000"], cwd=ROOT, text=True,
+          stdout=subprocess.PIPE, stderr=stderr, env=env)
       for line in proc.stdout:
         if line.startswith(after):
           break

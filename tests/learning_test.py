@@ -9,23 +9,15 @@ Measured on 2 CPU cores: training success over steps 1-10 vs 31-40 went 12.4% ->
 11.4% -> 16.3% (seeds 0 and 1); each 10-step window averages 5120 samples (std ~0.5 points).
 About 2.5 minutes on a busy machine.
 """
-import atexit
 import os
 import shutil
 import tempfile
 
 from absl.testing import absltest
-import jax
 import numpy as np
 
 from agentrl.records import metrics
 from experiments.policy import grpo
-
-# The second seed's programs are the first one's: a persistent cache turns compiles into loads.
-_CACHE = tempfile.mkdtemp(prefix="agentrl_xla_cache_")
-atexit.register(shutil.rmtree, _CACHE, ignore_errors=True)
-jax.config.update("jax_compilation_cache_dir", _CACHE)
-jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
 
 SEEDS = (0, 1)
 STEPS, WINDOW, MIN_GAIN = 40, 10, 0.015

@@ -4,8 +4,8 @@ Three real processes of `python -m experiments.policy.grpo` (smoke preset, more 
 the end; one is SIGKILLed mid-run, after a few checkpoints, and is then started again with the
 same --workdir. The resumed run must restore params, optimizer state, RNG and data position
 and write a metrics.jsonl equal to the uninterrupted one (timing fields aside). The processes
-share a persistent compilation cache and the SFT warm start, so only the first one pays for
-compiling and SFT. About a minute on 2 cores. The same for the multi-turn agent
+share the suite's persistent compilation cache (conftest.py) and the SFT warm start, so only
+the first one pays for compiling and SFT. About a minute on 2 cores. The same for the multi-turn agent
 (`experiments.agents.agent`, smoke preset: demonstrations warm start, engine rollouts over several
 turns, information-gain probes), with fewer steps.
 """
@@ -46,9 +46,8 @@ def _command(name: str, workdir: str) -> list[str]:
           "--config.log.tensorboard=False", f"--workdir={workdir}"]
 
 
-def _env(cache: str) -> dict[str, str]:
-  env = dict(os.environ, JAX_COMPILATION_CACHE_DIR=cache,
-             JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0", JAX_PLATFORMS="cpu")
+def _env() -> dict[str, str]:
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
   env.pop("XLA_FLAGS", None)  # one device, as a user's run
   return env
 
@@ -78,8 +77,8 @@ class ResumeAfterSigkillTest(parameterized.TestCase):
     steps, _, kill_after, _ = RUNS[name]
     base = tempfile.mkdtemp()
     self.addCleanup(shutil.rmtree, base, ignore_errors=True)
-    cache, full, killed = (os.path.join(base, d) for d in ("cache", "full", "killed"))
-    env = _env(cache)
+    full, killed = (os.path.join(base, d) for d in ("full", "killed"))
+    env = _env()
     subprocess.run(_command(name, full), cwd=ROOT, env=env, check=True, capture_output=True)
     records = _reproducible(full)
     self.assertLen(records, steps + 1)  # step 0: the baseline evaluation

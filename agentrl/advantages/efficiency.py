@@ -2,8 +2,8 @@
 """Advantage estimators of the efficiency methods: BRPO, HBPO, DECS and T-PPO's extended GAE.
 
 Rewards are data; nothing here is differentiated. Grouped functions take rows [i*G, (i+1)*G)
-as the G samples of prompt i, as `agentrl.advantages.estimators` does. Formulas, defaults and the code
-they were checked against: docs/algorithms.md §12.2 and §12.4-§12.6.
+as the G samples of prompt i, as `agentrl.advantages.estimators` does. Formulas, defaults and the
+code they were checked against: docs/algorithms.md §12.2 and §12.4-§12.6.
 
 - BRPO (AnytimeReasoner, Qi et al. 2025, arXiv 2505.13438; `sail-sg/AnytimeReasoner`
   `verl/verl/trainer/ppo/brpo.py`): `brpo_thinking` (budget-relative advantage of each
@@ -259,8 +259,8 @@ def truncated_gae(reward_BT: jax.Array, value_BT: jax.Array, mask_BT: jax.Array,
 
   Args:
     bootstrap_value_B: V(s_trunc), the critic's value of the state after the row's last
-      sampled token (with `value_BT` aligned as in experiments/policy/ppo.py, the head's output at the
-      last token's hidden state); ignored for finished rows.
+      sampled token (with `value_BT` aligned as in experiments/policy/ppo.py, the head's output at
+      the last token's hidden state); ignored for finished rows.
   """
   if truncated_B.shape != reward_BT.shape[:1] or bootstrap_value_B.shape != truncated_B.shape:
     raise ValueError(f"truncated_gae expects truncated_B and bootstrap_value_B of shape "

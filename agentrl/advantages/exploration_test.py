@@ -1,5 +1,6 @@
 # pylint: disable=invalid-name
-"""Tests for agentrl.advantages.exploration (G2RL features, novelty and scaler; MSSR's Beta baseline).
+"""Tests for agentrl.advantages.exploration (G2RL features, novelty and scaler; MSSR's Beta
+baseline).
 
 References: a float64 NumPy transcription of the full [D, V] gradient sum_t h_t (e_y - p_t)^T
 projected by the same R; jax.grad of the summed log-likelihood with respect to the unembedding

@@ -1,10 +1,10 @@
 # pylint: disable=invalid-name
 """Advantage and reward reshaping of the seed methods: data for the loss, never differentiated.
 
-Grouped functions take rows [i*G, (i+1)*G) as prompt i's G samples, as `agentrl.advantages.estimators`
-does; masked tokens are never read, and an all-equal group gives exactly 0 (never NaN) except
-where the method gives it a signal on purpose (COPO's global term, ProGRPO's re-weighting of
-groups with a success). Sources and formulas: docs/algorithms.md §13.
+Grouped functions take rows [i*G, (i+1)*G) as prompt i's G samples, as
+`agentrl.advantages.estimators` does; masked tokens are never read, and an all-equal group gives
+exactly 0 (never NaN) except where the method gives it a signal on purpose (COPO's global term,
+ProGRPO's re-weighting of groups with a success). Sources and formulas: docs/algorithms.md §13.
 
 - HAPO (Liu et al. 2025, arXiv 2509.16591; code starriver030515/HAPO): the token-level group
   average, `hapo_group_token_advantage`. Its loss side is `losses.trust_region.hapo_ppo`.

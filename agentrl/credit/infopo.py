@@ -20,8 +20,8 @@ of turn t + 1, and keep the log-probs of turn t + 1's tokens; each action is sco
 one counterfactual, so all of them fit in one array `counterfactual_logp_BT`.
 
 Outcome advantage: the launch uses turn credits "Equalized" with trajectory score "Sum", which
-reduces to GRPO on the trajectory reward broadcast to every response token (`agentrl.advantages.estimators
-.grpo`: unbiased std, eps 1e-6, a size-1 group has mean 0 and std 1).
+reduces to GRPO on the trajectory reward broadcast to every response token
+(`agentrl.advantages.estimators.grpo`: unbiased std, eps 1e-6, a size-1 group has mean 0 and std 1).
 """
 from collections.abc import Sequence
 

@@ -30,8 +30,8 @@ is graded (a shaped reward: `success` stays the game's outcome, and a failure ea
 c < 1, less than a solve). Families without a graded notion of progress ignore it.
 
 `demonstration(seed, rng, noise=...)` is a scripted expert's actions for the episode of
-`seed`, the supervised warm start's data for a from-scratch policy (agentrl/harness/sft.py): it knows
-the secret and plays as a player who reads the feedback would (binary search in `guess`;
+`seed`, the supervised warm start's data for a from-scratch policy (agentrl/harness/sft.py): it
+knows the secret and plays as a player who reads the feedback would (binary search in `guess`;
 three queries, then the answer, in `transform`; three encodings, then the decoded word, in
 `cipher`; two tests, then the answer, in `category`). With probability `noise` each exploring
 action is a random allowed one instead (in `guess`: a random number still consistent with the

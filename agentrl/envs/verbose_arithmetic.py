@@ -1,8 +1,8 @@
 # pylint: disable=invalid-name
 """Verbose-answer reversed addition: the compact task with filler the reward ignores.
 
-The efficiency experiments (experiments/efficiency/hapo_length.py, brpo.py, hbpo.py, decs.py, eapo.py,
-tppo.py, delethink.py) need a task whose responses vary in length without changing their
+The efficiency experiments (experiments/efficiency/hapo_length.py, brpo.py, hbpo.py, decs.py,
+eapo.py, tppo.py, delethink.py) need a task whose responses vary in length without changing their
 correctness, so that a length-aware objective has something to shorten. A response is
 
   "." * k + ">" + answer + "." * m        e.g. "123+456=" -> "...>9750.."  (then EOS)

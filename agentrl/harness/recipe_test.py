@@ -1,4 +1,5 @@
-"""Tests for agentrl.harness.recipe: presets, validation, task and policy construction, evaluation."""
+"""Tests for agentrl.harness.recipe: presets, validation, task and policy construction,
+evaluation."""
 import random
 import re
 import shutil

@@ -1,4 +1,5 @@
-"""Tests for agentrl.harness.relabel: completion text, answers, label accuracy, the relabelled rollout."""
+"""Tests for agentrl.harness.relabel: completion text, answers, label accuracy, the relabelled
+rollout."""
 from absl.testing import absltest
 import jax
 import numpy as np

@@ -1,4 +1,5 @@
-"""Tests for agentrl.harness.rl_config's up-front checks: sizes that cannot fit, keys an init ignores."""
+"""Tests for agentrl.harness.rl_config's up-front checks: sizes that cannot fit, keys an init
+ignores."""
 from unittest import mock
 
 from absl.testing import absltest

@@ -1,4 +1,5 @@
-"""Tests for agentrl.harness.sft: demonstration transcripts and the stopping rule of the warm start."""
+"""Tests for agentrl.harness.sft: demonstration transcripts and the stopping rule of the warm
+start."""
 import random
 
 from absl.testing import absltest

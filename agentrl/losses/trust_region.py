@@ -10,9 +10,10 @@ Both keep verl's dual-clip PPO form (`policy.ppo_clip`) and change only the wind
   starriver030515/HAPO `verl/trainer/ppo/core_algos.py`, commit 7671dde): the normalised
   token entropy `hapo_entropy_signal`, asymmetric adaptive clipping `hapo_clip_bounds`,
   differential advantage redistribution `hapo_redistribute_advantage`, all in `hapo_ppo`.
-  HAPO's token-level group average advantage is `agentrl.advantages.shaping.hapo_group_token_advantage`;
-  its adaptive sampling temperature reuses `hapo_entropy_signal` (docs/algorithms.md §13.3).
-  Not the length-reward HAPO of arXiv 2505.11225 (`agentrl.rewards.length_rewards`).
+  HAPO's token-level group average advantage is
+  `agentrl.advantages.shaping.hapo_group_token_advantage`; its adaptive sampling temperature reuses
+  `hapo_entropy_signal` (docs/algorithms.md §13.3). Not the length-reward HAPO of arXiv 2505.11225
+  (`agentrl.rewards.length_rewards`).
 - ETR, Elastic Trust Regions (Zhang et al. 2026, arXiv 2601.03723; abstract only): the window
   scales with |A| (micro) and with the group's reward variance (macro), `etr_ppo`
   (docs/algorithms.md §13.4).
@@ -183,8 +184,8 @@ def etr_ppo(logp_BT: jax.Array, old_logp_BT: jax.Array, adv_BT: jax.Array, mask_
   budgets to tasks "in the optimal learning zone"); every functional form below is [INF]:
     eps_t = eps (1 + alpha |A_t|) (1 + beta 4 Var_G(R)),
   for both eps_low and eps_high, with Var_G(R) the population variance of the row's group
-  rewards (`agentrl.advantages.shaping.group_reward_variance`; 4 p (1 - p) in [0, 1] for 0/1 rewards,
-  largest at pass rate 1/2). alpha and beta have no published values, so they are required;
+  rewards (`agentrl.advantages.shaping.group_reward_variance`; 4 p (1 - p) in [0, 1] for 0/1
+  rewards, largest at pass rate 1/2). alpha and beta have no published values, so they are required;
   alpha = beta = 0 is `policy.ppo_clip` exactly. The scale is data (detached). Aggregate with token-mean
   (GRPO's verl default) or the caller's mode. Metrics add `eps_low_mean`, `eps_high_mean`.
   """

@@ -29,8 +29,8 @@ every user of (graphdef, params) runs it unchanged. Training touches the adapter
 
 The forward stops gradients at the base weights, so their gradients are exactly zero even for
 code that differentiates the whole params tree (agentrl.train.loop then skips them). Dropout applies
-only inside `dropout_key(key)`, which `agentrl.train.loop.gradient_step` enters; scoring, rollouts and
-evaluation run without it.
+only inside `dropout_key(key)`, which `agentrl.train.loop.gradient_step` enters; scoring, rollouts
+and evaluation run without it.
 
 Why not qwix (Tunix's LoRA): qwix 0.1.8 intercepts einsum/dot_general and creates the adapter
 variables on the calling module at the first call; inside this model's layer `lax.scan` that

@@ -1,4 +1,5 @@
-"""Tests for agentrl.records.rundir: workdir creation and locking, config.json on resume, summary."""
+"""Tests for agentrl.records.rundir: workdir creation and locking, config.json on resume,
+summary."""
 import json
 import os
 import re
@@ -48,7 +49,8 @@ class LockTest(absltest.TestCase):
 
   def test_the_lock_of_a_dead_process_is_taken_over(self):
     workdir = _tmpdir(self)
-    code = "import os, sys; from agentrl.records import rundir; rundir.lock(sys.argv[1]); os._exit(0)"
+    code = ("import os, sys; from agentrl.records import rundir; rundir.lock(sys.argv[1]); "
+            "os._exit(0)")
     subprocess.run([sys.executable, "-c", code, workdir], check=True)
     self.assertTrue(os.path.exists(os.path.join(workdir, rundir.LOCK_FILE)))  # left behind
     rundir.lock(workdir)

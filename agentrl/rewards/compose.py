@@ -8,7 +8,8 @@ than crashing the rollout.
 Multi-turn environments report a reward per step (`info["reward"]`, see agentrl.envs.base);
 `add_outcome` adds a trajectory-level verifier score to the last turn, and `episode_return`
 sums (optionally discounts) the per-turn rewards into the scalar outcome reward that GRPO-style
-estimators use. Turn-level estimators (agentrl.advantages.estimators) take the per-turn list instead.
+estimators use. Turn-level estimators (agentrl.advantages.estimators) take the per-turn list
+instead.
 """
 from collections.abc import Callable, Sequence
 import dataclasses

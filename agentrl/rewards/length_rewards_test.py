@@ -1,6 +1,6 @@
 # pylint: disable=invalid-name
-"""Tests for agentrl.rewards.length_rewards: transcriptions of the official reward code, hand-computed
-golden numbers and the neutral settings (docs/algorithms.md §12.1-§12.3)."""
+"""Tests for agentrl.rewards.length_rewards: transcriptions of the official reward code,
+hand-computed golden numbers and the neutral settings (docs/algorithms.md §12.1-§12.3)."""
 import functools
 import math
 

@@ -19,9 +19,9 @@ Exact resume. Step s draws its randomness from `fold_in(rng, s)` and its prompts
 stream, whose position (`state()`) is checkpointed with the train state. A run killed at any
 point (SIGKILL included) and started again with the same workdir restores the last complete
 checkpoint, drops later metrics records, and reproduces the uninterrupted run's records
-exactly on CPU (the time and throughput fields aside). On Ctrl-C or SIGTERM (`agentrl.train.shutdown`,
-set up by `cli.run`) the exception leaves `run` after the background rollout is abandoned, a
-checkpoint save in flight is finished and the metrics files are closed.
+exactly on CPU (the time and throughput fields aside). On Ctrl-C or SIGTERM
+(`agentrl.train.shutdown`, set up by `cli.run`) the exception leaves `run` after the background
+rollout is abandoned, a checkpoint save in flight is finished and the metrics files are closed.
 """
 from collections.abc import Callable, Mapping, Sequence
 import dataclasses

@@ -1,5 +1,6 @@
 # pylint: disable=invalid-name
-"""Tests for agentrl.train.overlap's pieces; the overlapped loop itself is tested in loop_test.py."""
+"""Tests for agentrl.train.overlap's pieces; the overlapped loop itself is tested in
+loop_test.py."""
 from absl.testing import absltest
 import jax
 import jax.numpy as jnp

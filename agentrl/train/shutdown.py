@@ -1,4 +1,5 @@
-"""Ctrl-C and SIGTERM: one orderly stop, then an exit that cannot crash (used by agentrl.harness.cli).
+"""Ctrl-C and SIGTERM: one orderly stop, then an exit that cannot crash (used by
+agentrl.harness.cli).
 
 `handle_signals(ckpt_dir)` (a context manager) turns SIGINT and SIGTERM into `Interrupted`, a
 KeyboardInterrupt raised in the main thread. The code it unwinds stops what it started:

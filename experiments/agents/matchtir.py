@@ -1,9 +1,9 @@
 # pylint: disable=invalid-name
 r"""MatchTIR (arXiv 2601.10712): turn-level credit for tool use from matched tool calls.
 
-  python -m experiments.agents.matchtir --workdir=runs/matchtir            # cpu: tiny model, minutes
-  python -m experiments.agents.matchtir --config.loss.credit=grpo           # outcome-only baseline
-  python -m experiments.agents.matchtir --config.loss.matching=ot           # optimal-transport rewards
+  python -m experiments.agents.matchtir --workdir=runs/matchtir         # cpu: tiny model, minutes
+  python -m experiments.agents.matchtir --config.loss.credit=grpo        # outcome-only baseline
+  python -m experiments.agents.matchtir --config.loss.matching=ot        # optimal-transport rewards
   python -m experiments.agents.matchtir --config=experiments/agents/matchtir.py:smollm2
   python -m experiments.agents.matchtir --config=experiments/agents/matchtir.py:pod \
       --config.model.path=/ckpt/Qwen3-8B --workdir=gs://bucket/matchtir  # accelerators
@@ -36,8 +36,8 @@ and the env's tool list as system prompt, a few CPU steps; `pod`: Qwen3-8B on an
 `smoke` exercises the code path in seconds. Every run writes config.json, metrics.jsonl,
 TensorBoard events, curves.png, summary.json and checkpoints to --workdir.
 
-This file is the fork unit; the building blocks come from agentrl.harness.recipe, agentrl.train.loop and
-agentrl.credit.matchtir.
+This file is the fork unit; the building blocks come from agentrl.harness.recipe, agentrl.train.loop
+and agentrl.credit.matchtir.
 """
 from absl import app
 from flax import nnx

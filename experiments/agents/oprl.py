@@ -41,8 +41,8 @@ the trained parameters and optimizer state); `smoke` exercises the code path in 
 Every run writes config.json, metrics.jsonl, TensorBoard events, curves.png, summary.json and
 checkpoints (params {"policy", "prm"}; experiments.eval reads the policy) to --workdir.
 
-This file is the fork unit; the building blocks come from agentrl.harness.recipe, agentrl.train.loop and
-agentrl.credit.oprl.
+This file is the fork unit; the building blocks come from agentrl.harness.recipe, agentrl.train.loop
+and agentrl.credit.oprl.
 """
 from absl import app
 from flax import nnx

@@ -56,8 +56,8 @@ a few CPU steps; `pod`: Qwen3-8B on an fsdp mesh; `smoke` exercises the code pat
 The params are {"policy", "progress"} (experiments.eval reads params["policy"]), both in the
 checkpoint with their optimizer states, so a resumed run continues exactly.
 
-This file is the fork unit; the building blocks come from agentrl.harness.recipe, agentrl.train.loop and
-agentrl.credit.spa.
+This file is the fork unit; the building blocks come from agentrl.harness.recipe, agentrl.train.loop
+and agentrl.credit.spa.
 """
 from absl import app
 from flax import nnx

@@ -2,8 +2,10 @@
 r"""SPO-chain (Guo et al. 2025, arXiv 2505.23564): segment advantages from Monte-Carlo values.
 
   python -m experiments.agents.spo_chain                                  # default CPU run
-  python -m experiments.agents.spo_chain --config=experiments/agents/spo_chain.py:smoke --workdir=/tmp/spo
-  python -m experiments.agents.spo_chain --config=experiments/agents/spo_chain.py:smollm2 --workdir=runs/spo
+  python -m experiments.agents.spo_chain --config=experiments/agents/spo_chain.py:smoke \
+      --workdir=/tmp/spo
+  python -m experiments.agents.spo_chain --config=experiments/agents/spo_chain.py:smollm2 \
+      --workdir=runs/spo
   python -m experiments.agents.spo_chain --config=experiments/agents/spo_chain.py:pod \
       --config.model.path=/ckpt/Qwen3-8B --workdir=gs://bucket/spo_chain     # accelerators
 

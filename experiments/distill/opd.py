@@ -2,10 +2,11 @@
 r"""On-policy distillation (G-OPD / ExOPD, Yang et al., arXiv 2602.12125): a student learns
 from a teacher's log-probs of the student's own samples.
 
-  python -m experiments.policy.grpo --workdir=runs/grpo                  # the teacher: a GRPO run
-  python -m experiments.distill.opd --workdir=runs/opd                    # the student (default cpu)
+  python -m experiments.policy.grpo --workdir=runs/grpo                 # the teacher: a GRPO run
+  python -m experiments.distill.opd --workdir=runs/opd                   # the student (default cpu)
   python -m experiments.distill.opd --config.teacher.run_dir=runs/ppo --config.loss.lam=1.25
-  python -m experiments.distill.opd --config=experiments/distill/opd.py:smoke --config.teacher.run_dir=DIR
+  python -m experiments.distill.opd --config=experiments/distill/opd.py:smoke \
+      --config.teacher.run_dir=DIR
 
 Default (`cpu`): the teacher is the finished GRPO main job in runs/grpo (its config.json says
 how to rebuild it; its newest checkpoint, or `teacher.step`, holds the weights), the student
@@ -168,8 +169,8 @@ def load_teacher(config: mlc.ConfigDict, mesh, tok):
                   "finished run, e.g. python -m experiments.policy.grpo --workdir=runs/grpo first")
   configs.require(os.path.exists(os.path.join(tc.run_dir, "config.json")),
                   f"config.teacher.run_dir={tc.run_dir!r} has no config.json; run the teacher "
-                  f"first (python -m experiments.policy.grpo --workdir={tc.run_dir}) or point it at "
-                  "another run's --workdir")
+                  f"first (python -m experiments.policy.grpo --workdir={tc.run_dir}) or point it "
+                  "at another run's --workdir")
   teacher_config = rundir.read_config(tc.run_dir)
   teacher_tok, graphdef, params = recipe.build_policy(teacher_config, mesh)
   same = (teacher_tok.vocab_size == tok.vocab_size and

@@ -2,7 +2,8 @@
 r"""BRPO, budget-relative policy optimization (AnytimeReasoner; Qi et al. 2025, 2505.13438).
 
   python -m experiments.efficiency.brpo                                   # verbose arithmetic, CPU
-  python -m experiments.efficiency.brpo --config=experiments/efficiency/brpo.py:smoke --workdir=/tmp/brpo
+  python -m experiments.efficiency.brpo --config=experiments/efficiency/brpo.py:smoke \
+      --workdir=/tmp/brpo
   python -m experiments.efficiency.brpo --config.brpo.prior=uniform       # the AR-uniform prior
 
 docs/algorithms.md §12.4; code sail-sg/AnytimeReasoner `verl/verl/trainer/ppo/brpo.py`. The

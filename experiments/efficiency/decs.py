@@ -2,7 +2,8 @@
 r"""DECS: decoupled token rewards against redundant reasoning (Jiang et al. 2025, 2509.25827).
 
   python -m experiments.efficiency.decs                                   # verbose arithmetic, CPU
-  python -m experiments.efficiency.decs --config=experiments/efficiency/decs.py:smoke --workdir=/tmp/decs
+  python -m experiments.efficiency.decs --config=experiments/efficiency/decs.py:smoke \
+      --workdir=/tmp/decs
   python -m experiments.efficiency.decs --config.loss.beta=0.0            # beta = 0: exactly GRPO
 
 docs/algorithms.md §12.5; code pixas/DECS `src_valid/valid_ray_trainer.py`

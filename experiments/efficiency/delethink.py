@@ -2,7 +2,8 @@
 r"""Delethink: GRPO over Markovian chunked reasoning (Aghajohari et al. 2025, arXiv 2510.06557).
 
   python -m experiments.efficiency.delethink                              # verbose arithmetic, CPU
-  python -m experiments.efficiency.delethink --config=experiments/efficiency/delethink.py:smoke --workdir=/tmp/dt
+  python -m experiments.efficiency.delethink --config=experiments/efficiency/delethink.py:smoke \
+      --workdir=/tmp/dt
   python -m experiments.efficiency.delethink --config=experiments/efficiency/delethink.py:pod \
       --config.model.path=/ckpt/Qwen3-8B --workdir=gs://bucket/delethink
 

@@ -2,8 +2,10 @@
 r"""GRPO with a geometrically length-discounted outcome reward (the issue's "EAPO" discount).
 
   python -m experiments.efficiency.eapo                                   # verbose arithmetic, CPU
-  python -m experiments.efficiency.eapo --config=experiments/efficiency/eapo.py:smoke --workdir=/tmp/eapo
-  python -m experiments.efficiency.eapo --config=experiments/efficiency/eapo.py:smollm2 --workdir=runs/eapo_smollm2
+  python -m experiments.efficiency.eapo --config=experiments/efficiency/eapo.py:smoke \
+      --workdir=/tmp/eapo
+  python -m experiments.efficiency.eapo --config=experiments/efficiency/eapo.py:smollm2 \
+      --workdir=runs/eapo_smollm2
 
 The reward of a response of L sampled tokens is gamma^L * R, R the env's correctness reward
 (`length_rewards.geometric_length_discount`, docs/algorithms.md §12.3); then GRPO's group

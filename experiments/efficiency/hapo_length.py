@@ -2,7 +2,8 @@
 r"""HAPO: history-aware length reward (Huang et al. 2025, arXiv 2505.11225) on top of GRPO.
 
   python -m experiments.efficiency.hapo_length                            # verbose arithmetic, CPU
-  python -m experiments.efficiency.hapo_length --config=experiments/efficiency/hapo_length.py:smoke --workdir=/tmp/h
+  python -m experiments.efficiency.hapo_length \
+      --config=experiments/efficiency/hapo_length.py:smoke --workdir=/tmp/h
   python -m experiments.efficiency.hapo_length --config.loss.w=0.0        # w = 0: exactly GRPO
 
 Reward (docs/algorithms.md §12.1; code HCY123902/HAPO `grpo_trainer.combined_reward_func`):

@@ -2,8 +2,10 @@
 r"""HBPO: hierarchical budget policy optimization (Lyu et al. 2025, arXiv 2507.15844).
 
   python -m experiments.efficiency.hbpo                                   # verbose arithmetic, CPU
-  python -m experiments.efficiency.hbpo --config=experiments/efficiency/hbpo.py:smoke --workdir=/tmp/hbpo
-  python -m experiments.efficiency.hbpo --config=experiments/efficiency/hbpo.py:pod --config.model.path=/ckpt/Qwen3-8B
+  python -m experiments.efficiency.hbpo --config=experiments/efficiency/hbpo.py:smoke \
+      --workdir=/tmp/hbpo
+  python -m experiments.efficiency.hbpo --config=experiments/efficiency/hbpo.py:pod \
+      --config.model.path=/ckpt/Qwen3-8B
 
 docs/algorithms.md §12.2; code ZJU-REAL/HBPO. Each group of G rollouts is split into k equal
 subgroups, one per token budget b (`envs.budget.row_budgets`: G/k contiguous rows per budget),

@@ -2,8 +2,10 @@
 r"""T-PPO: PPO whose responses are cut by a generation window (Fan et al. 2025, 2506.15050).
 
   python -m experiments.efficiency.tppo                                   # verbose arithmetic, CPU
-  python -m experiments.efficiency.tppo --config=experiments/efficiency/tppo.py:smoke --workdir=/tmp/tppo
-  python -m experiments.efficiency.tppo --config=experiments/efficiency/tppo.py:smollm2 --workdir=runs/tppo_smollm2
+  python -m experiments.efficiency.tppo --config=experiments/efficiency/tppo.py:smoke \
+      --workdir=/tmp/tppo
+  python -m experiments.efficiency.tppo --config=experiments/efficiency/tppo.py:smollm2 \
+      --workdir=runs/tppo_smollm2
 
 docs/algorithms.md §12.6 (no official code was found: the extended GAE's exact form is
 [INF]). The policy is trained on the first `loss.window` sampled tokens of each response. A
@@ -24,8 +26,9 @@ SFT responses span 6..15 tokens; window 12 cuts about a fifth of them), smoke, s
 32 of 48), pod (window 1024 of 2048).
 
 This file is the fork unit: the config, the loss composition, the advantage step and the
-loop are all here; the building blocks come from agentrl.harness.recipe and agentrl.train.loop. It differs
-from experiments/policy/ppo.py in the advantage step (the window, the bootstrap, the critic's mask).
+loop are all here; the building blocks come from agentrl.harness.recipe and agentrl.train.loop. It
+differs from experiments/policy/ppo.py in the advantage step (the window, the bootstrap, the
+critic's mask).
 """
 import dataclasses
 

@@ -2,7 +2,8 @@
 r"""Dr.GRPO (Liu et al. 2025, "Understanding R1-Zero-Like Training", arXiv 2503.20783).
 
   python -m experiments.policy.dr_grpo
-  python -m experiments.policy.dr_grpo --config=experiments/policy/dr_grpo.py:smoke --workdir=/tmp/dr_grpo
+  python -m experiments.policy.dr_grpo --config=experiments/policy/dr_grpo.py:smoke \
+      --workdir=/tmp/dr_grpo
 
 GRPO with its two length/difficulty biases removed (docs/algorithms.md §4.4):
   * advantage A_i = R_i - mean_G R, without dividing by the group std;

@@ -3,13 +3,14 @@ r"""GRPO (Shao et al. 2024, DeepSeekMath sec. 4.1) on a built-in verifiable task
 
   python -m experiments.policy.grpo                                   # default CPU run, minutes
   python -m experiments.policy.grpo --config=experiments/policy/grpo.py:smoke --workdir=/tmp/grpo
-  python -m experiments.policy.grpo --config=experiments/policy/grpo.py:smollm2 --workdir=runs/grpo_smollm2
+  python -m experiments.policy.grpo --config=experiments/policy/grpo.py:smollm2 \
+      --workdir=runs/grpo_smollm2
   python -m experiments.policy.grpo --config=experiments/policy/grpo.py:pod \
       --config.model.path=/ckpt/Qwen3-8B --workdir=gs://bucket/grpo     # accelerators
 
 Default (`cpu`): a 130k-parameter transformer learns 3-digit addition with the answer digits
-reversed. A short SFT phase (agentrl/harness/sft.py) brings it to ~20% greedy accuracy, then 150 GRPO
-steps (64 prompts x G = 8 samples, binary exact-match reward, temperature 1, Adam 1e-3) raise
+reversed. A short SFT phase (agentrl/harness/sft.py) brings it to ~20% greedy accuracy, then 150
+GRPO steps (64 prompts x G = 8 samples, binary exact-match reward, temperature 1, Adam 1e-3) raise
 held-out greedy accuracy (README: the measured figures and the command). The run prints a
 before/after table and writes config.json, metrics.jsonl, TensorBoard events, curves.png,
 summary.json and checkpoints to --workdir. Killed and restarted with the same --workdir, it

@@ -2,7 +2,8 @@
 r"""HölderPO, Hölder Policy Optimisation (arXiv 2605.12058).
 
   python -m experiments.policy.holder_po
-  python -m experiments.policy.holder_po --config=experiments/policy/holder_po.py:smoke --workdir=/tmp/holder_po
+  python -m experiments.policy.holder_po --config=experiments/policy/holder_po.py:smoke \
+      --workdir=/tmp/holder_po
 
 The sequence ratio is the Hölder power mean of the token ratios with exponent p
 (p = 1 arithmetic, p = 0 geometric as GMPO/GSPO, p -> -inf the minimum), clipped at the

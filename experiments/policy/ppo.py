@@ -3,7 +3,8 @@ r"""PPO with a learned critic and GAE (Schulman et al. 2017; Ouyang et al. 2022 
 
   python -m experiments.policy.ppo                                    # default CPU run
   python -m experiments.policy.ppo --config=experiments/policy/ppo.py:smoke --workdir=/tmp/ppo
-  python -m experiments.policy.ppo --config=experiments/policy/ppo.py:smollm2 --workdir=runs/ppo_smollm2
+  python -m experiments.policy.ppo --config=experiments/policy/ppo.py:smollm2 \
+      --workdir=runs/ppo_smollm2
 
 docs/algorithms.md §4.1-§4.2, as verl:
   * token rewards R_t = score * 1[t = last policy token] - beta * kl_k1(pi_old || pi_ref)_t;
@@ -14,13 +15,13 @@ docs/algorithms.md §4.1-§4.2, as verl:
   * loss = PPO clipped surrogate (token-mean) + vf_coef * clipped value loss (token-mean),
     with separate Adam learning rates (and global-norm clipping) for policy and critic.
 
-Presets are agentrl.harness.recipe.rl_config's (cpu by default, smollm2, pod; add smoke for a CI-sized
-run). No group baseline is used, so rollout.group_size may be 1.
+Presets are agentrl.harness.recipe.rl_config's (cpu by default, smollm2, pod; add smoke for a
+CI-sized run). No group baseline is used, so rollout.group_size may be 1.
 
 This file is the fork unit: the config, the loss composition, the advantage step and the
-loop are all here; the building blocks come from agentrl.harness.recipe and agentrl.train.loop. It differs
-from experiments/policy/grpo.py where the critic enters: the params are {"policy", "value"} (the
-checkpoint's params["policy"] is what experiments/eval.py reads), scoring adds values, the
+loop are all here; the building blocks come from agentrl.harness.recipe and agentrl.train.loop. It
+differs from experiments/policy/grpo.py where the critic enters: the params are {"policy", "value"}
+(the checkpoint's params["policy"] is what experiments/eval.py reads), scoring adds values, the
 optimizer has one group per part, and rollout and evaluation read params["policy"].
 """
 from absl import app

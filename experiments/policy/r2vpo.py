@@ -3,15 +3,16 @@ r"""R2VPO, Ratio-Variance Regularized Policy Optimization (Luo et al. 2026, arXi
 
   python -m experiments.policy.r2vpo                                  # default CPU run
   python -m experiments.policy.r2vpo --config=experiments/policy/r2vpo.py:smoke --workdir=/tmp/r2vpo
-  python -m experiments.policy.r2vpo --config=experiments/policy/r2vpo.py:smollm2 --workdir=runs/r2vpo_smollm2
+  python -m experiments.policy.r2vpo --config=experiments/policy/r2vpo.py:smollm2 \
+      --workdir=runs/r2vpo_smollm2
 
 No official code or paper body was available; this is the reconstruction of docs/algorithms.md
 §3.2 ([INF], provisional). Instead of clipping, the ratio's second central moment is
 constrained, max E_mu[r A] s.t. E_mu[(r - 1)^2] <= delta, by primal-dual steps:
   primal  L = mean(-A r + sg(lambda) (r - 1)^2)          (agentrl.losses.policy.r2vpo)
   dual    lambda <- max(0, lambda + eta (V_hat - delta))  (policy.r2vpo_dual_update)
-Advantages are GRPO's (group mean/std, agentrl.advantages.estimators.grpo_step). Off-policy reuse: each
-update also trains on the previous step's batch, whose behaviour log-probs are those of the
+Advantages are GRPO's (group mean/std, agentrl.advantages.estimators.grpo_step). Off-policy reuse:
+each update also trains on the previous step's batch, whose behaviour log-probs are those of the
 policy that sampled it, so its ratio is r = pi_theta / mu_old and the variance penalty
 re-weights it instead of discarding it; its rows are further weighted by stale_decay ** 1 (one
 policy version old). delta, eta (lam_lr), the initial lambda and stale_decay are [INF] choices.
@@ -19,9 +20,9 @@ lambda and the replay batch live in the train state, so checkpoints hold them an
 run continues exactly. One update per RL step (updates.epochs = updates.minibatches = 1): the
 replay is the whole previous rollout batch.
 
-Presets are agentrl.harness.recipe.rl_config's (cpu by default, smollm2, pod; add smoke for a CI-sized
-run). This file is the fork unit: the config, the loss composition, the advantage step and the
-loop are all here; the building blocks come from agentrl.harness.recipe and agentrl.train.loop.
+Presets are agentrl.harness.recipe.rl_config's (cpu by default, smollm2, pod; add smoke for a
+CI-sized run). This file is the fork unit: the config, the loss composition, the advantage step and
+the loop are all here; the building blocks come from agentrl.harness.recipe and agentrl.train.loop.
 """
 from absl import app
 import flax

@@ -2,7 +2,8 @@
 r"""KTO on the policy's own samples (Ethayarajh et al. 2024, arXiv 2402.01306): online KTO.
 
   python -m experiments.preference.kto
-  python -m experiments.preference.kto --config=experiments/preference/kto.py:smoke --workdir=/tmp/kto
+  python -m experiments.preference.kto --config=experiments/preference/kto.py:smoke \
+      --workdir=/tmp/kto
   python -m experiments.preference.kto --config=experiments/preference/kto.py:smollm2
 
 The setting. KTO learns from unpaired examples labelled desirable or undesirable; here they

@@ -2,7 +2,8 @@
 r"""RL from a learned reward: Bradley-Terry reward model, then GRPO scored by it.
 
   python -m experiments.preference.reward_model
-  python -m experiments.preference.reward_model --config=experiments/preference/reward_model.py:smoke --workdir=/tmp/rm
+  python -m experiments.preference.reward_model \
+      --config=experiments/preference/reward_model.py:smoke --workdir=/tmp/rm
 
 Phase 1 (Ouyang et al. 2022, sec. 3.5; `losses.preference.bradley_terry`): a reward model (a
 tiny transformer with a scalar head read at the last real token, `models.heads.RewardModel`)

@@ -2,7 +2,8 @@
 r"""DelTA, discriminative token credit (Zhang, Wu & Lin 2026, arXiv 2605.21467).
 
   python -m experiments.shaping.delta
-  python -m experiments.shaping.delta --config=experiments/shaping/delta.py:smoke --workdir=/tmp/delta
+  python -m experiments.shaping.delta --config=experiments/shaping/delta.py:smoke \
+      --workdir=/tmp/delta
   python -m experiments.shaping.delta --config=experiments/shaping/delta.py:smollm2
 
 As the official code RUCBM/DelTA (`verl-DelTA/verl/workers/actor/dp_actor.py`

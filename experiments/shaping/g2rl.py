@@ -3,7 +3,8 @@ r"""G2RL, gradient-guided exploration (Liang et al. 2025, arXiv 2512.15687) on t
 
   python -m experiments.shaping.g2rl                                   # default CPU run
   python -m experiments.shaping.g2rl --config=experiments/shaping/g2rl.py:smoke --workdir=/tmp/g2rl
-  python -m experiments.shaping.g2rl --config=experiments/shaping/g2rl.py:smollm2 --workdir=runs/g2rl_smollm2
+  python -m experiments.shaping.g2rl --config=experiments/shaping/g2rl.py:smollm2 \
+      --workdir=runs/g2rl_smollm2
   python -m experiments.shaping.g2rl --config.loss.alpha=0.0           # alpha = 0: exactly GRPO
 
 docs/algorithms.md §13.9 (no official code; the abstract states the mechanism, the rest is

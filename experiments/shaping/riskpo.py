@@ -2,7 +2,8 @@
 r"""RiskPO, mixed value-at-risk policy optimisation (Ren et al. 2025, arXiv 2510.00911).
 
   python -m experiments.shaping.riskpo
-  python -m experiments.shaping.riskpo --config=experiments/shaping/riskpo.py:smoke --workdir=/tmp/riskpo
+  python -m experiments.shaping.riskpo --config=experiments/shaping/riskpo.py:smoke \
+      --workdir=/tmp/riskpo
   python -m experiments.shaping.riskpo --config=experiments/shaping/riskpo.py:smollm2
 
 As the official code RTkenny/RiskPO (commit 65ec40c; docs/algorithms.md §13.7): consecutive
