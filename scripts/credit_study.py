@@ -10,7 +10,7 @@ preset (the number-guessing hidden-rule game, 7 turns, a tiny model warm-started
 demonstrations) and one `loss.credit`, on the outcome reward alone
 (`task.closeness_reward=0`: the main job's graded reward for failures would give every credit
 the dense signal that turn-level credit is meant to supply), SFT checked every 10 steps (the
-warm start, at 36.7% held-out, that the README's study started from):
+warm start, at 36.7% held-out, that experiments/agents/README.md's study started from):
 
   grpo         the outcome's group z-score on every turn (no turn-level credit);
   a2tgpo_igpo  A2TGPO over IGPO information-gain turn rewards (the smollm2/pod presets' default);

@@ -5,7 +5,9 @@ repository (relative to the root, the citing file's directory or docs/), nothing
 the design notes that lived outside it (FORBIDDEN), no section may be cited after a bare doc
 name instead of its file, and every section a citation names ("docs/algorithms.md §1.2",
 "docs/style.md C4", lists like "§2.6, §2.8" and ranges like "§4.2-§4.11" included) must be a
-heading of that file. Pure file reading: the tree is walked, git is not needed.
+heading of that file. Every experiment a shipped file names, as `python -m experiments.<...>` or
+as a path `experiments/<...>.py`, must exist (tests excepted: they may name a missing one on
+purpose). Pure file reading: the tree is walked, git is not needed.
 """
 import os
 import pathlib
@@ -28,6 +30,9 @@ _SEC = r"(?:§\d+(?:\.\d+)*|C\d+(?:\.\d+)?)"
 _CITATION = re.compile(
     r"(?<![\w/.-])((?:[\w.-]+/)*[\w-]+\.md)[\s#]+(" + _SEC + r"(?:\s*(?:,|-|–|and)[\s#]*"
     + _SEC + r")*)")
+# An experiment named as a module to run, or as a file (`--config=experiments/<...>.py:preset`).
+_EXPERIMENT_MODULE = re.compile(r"python -m (experiments(?:\.\w+)+)")
+_EXPERIMENT_FILE = re.compile(r"(?<![\w/.<-])(experiments/[\w/]+\.py)\b")
 
 
 def _skipped_dir(path: pathlib.Path) -> bool:
@@ -105,6 +110,20 @@ class DocsTest(absltest.TestCase):
             missing.append(f"{path.relative_to(ROOT)}: {name} {section}")
     self.assertGreater(checked, 50)  # the citations were found (cannot pass vacuously)
     self.assertEmpty(missing, "\n".join(sorted(missing)))
+
+  def test_every_named_experiment_exists(self):
+    missing, checked = [], 0
+    for path in _shipped():
+      if path.name.endswith("_test.py"):
+        continue
+      text = path.read_text(encoding="utf-8", errors="replace")
+      files = [m.replace(".", "/") + ".py" for m in _EXPERIMENT_MODULE.findall(text)]
+      files += _EXPERIMENT_FILE.findall(text)
+      checked += len(files)
+      missing += [f"{path.relative_to(ROOT)}: names {f}" for f in sorted(set(files))
+                  if not (ROOT / f).is_file()]
+    self.assertGreater(checked, 100)  # the commands were found
+    self.assertEmpty(missing, "\n".join(missing))
 
 
 if __name__ == "__main__":

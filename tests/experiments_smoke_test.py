@@ -1,10 +1,11 @@
 """Smoke runs of every experiment's `smoke` preset, plus the real-scale presets by eval_shape.
 
-Each experiments/<name>.py must run `train(get_config("smoke"), workdir)` on CPU in seconds
-and leave the same artifacts behind (config.json, metrics.jsonl, TensorBoard events,
+Each experiments/<family>/<name>.py must run `train(get_config("smoke"), workdir)` on CPU in
+seconds and leave the same artifacts behind (config.json, metrics.jsonl, TensorBoard events,
 summary.json, curves.png, checkpoints, W&B logs when asked), and `experiments.eval` must read
-its run (docs/style.md C11.5, docs/architecture.md §4), so a fork gets coverage for free. All experiments run in this one process and share a persistent XLA
-compilation cache, so programs they have in common (model init, sampler, scoring) compile once.
+its run (docs/style.md C11.5, docs/architecture.md §4), so a fork gets coverage for free. All
+experiments share the suite's persistent XLA compilation cache (conftest.py), so programs they
+have in common (model init, sampler, scoring) compile once.
 """
 import os
 
@@ -49,22 +50,17 @@ RL_EXPERIMENTS = ("grpo", "dr_grpo", "dapo", "gspo", "ctpo", "holder_po", "rloo"
                   "hapo", "copo", "d3s", "etr", "riskpo", "arm", "fapo", "delta", "ttrl", "empo",
                   "kto", "hapo_length", "brpo", "hbpo", "decs", "eapo", "tppo", "delethink",
                   "g2rl", "mssr", "opd", "ttexplore", "matchtir", "spo_chain", "oprl", "spa_rl")
-_CACHE = tempfile.mkdtemp(prefix="agentrl_xla_cache_")
-atexit.register(shutil.rmtree, _CACHE, ignore_errors=True)
-jax.config.update("jax_compilation_cache_dir", _CACHE)
-jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
 
 
 def documented_metrics() -> tuple[dict[str, set[str]], tuple[str, ...], set[str]]:
-  """The README's Metrics table: {exact name: experiments that log it}, `prefix/*` patterns,
-  and the names logged only under a non-default setting.
+  """The metrics glossary (docs/metrics.md): {exact name: experiments that log it}, `prefix/*`
+  patterns, and the names logged only under a non-default setting.
 
   Its last column is "every RL experiment", optionally "but `a`, `b`", or the experiments
   named in backticks (none named: no shipped experiment logs the key); "(only with ...)" after
   the names marks a key their default (smoke) runs do not log.
   """
-  text = (pathlib.Path(__file__).resolve().parents[1] / "README.md").read_text()
-  section = text.split("\n## Metrics\n", 1)[1].split("\n## ", 1)[0]
+  section = (pathlib.Path(__file__).resolve().parents[1] / "docs" / "metrics.md").read_text()
   exact, prefixes, optional = {}, [], set()
   for line in section.splitlines():
     if not line.startswith("| `"):
@@ -148,18 +144,18 @@ class SmokeTest(parameterized.TestCase):
     self.assertEqual([r["step"] for r in records], list(range(0, config.total_steps + 1)))
     self.assertIn("eval/success", records[0])
     baseline, records = records[0], records[1:]
-    # One name, one meaning: the README's Metrics table lists every metric this run logs, and
+    # One name, one meaning: docs/metrics.md's table lists every metric this run logs, and
     # its "logged by" column names this experiment exactly for the keys the run logs.
     exact, prefixes, optional = documented_metrics()
     logged = {k for r in records + [baseline] for k in r if k != "step"}
     missing = sorted(k for k in logged if k not in exact and not k.startswith(prefixes))
-    self.assertEmpty(missing, f"{name} logs metrics the README's Metrics table lacks")
+    self.assertEmpty(missing, f"{name} logs metrics docs/metrics.md's table lacks")
     claimed = {k for k, experiments in exact.items()
                if name in experiments and k not in optional}
     self.assertEmpty(sorted(claimed - logged),
-                     f"the README's Metrics table says {name} logs these; it does not")
+                     f"docs/metrics.md's table says {name} logs these; it does not")
     self.assertEmpty(sorted(logged & exact.keys() - claimed),
-                     f"{name} logs these; add it to their rows' 'logged by' in the README")
+                     f"{name} logs these; add it to their rows' 'logged by' in docs/metrics.md")
     for key in ("reward", "loss", "grad_norm", "entropy", "skipped", "time/update"):
       self.assertIn(key, records[-1], f"{name} does not log {key}")
     if name == "holder_po":  # p's schedule spans the run's total_steps, read at run time

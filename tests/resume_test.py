@@ -5,9 +5,9 @@ the end; one is SIGKILLed mid-run, after a few checkpoints, and is then started 
 same --workdir. The resumed run must restore params, optimizer state, RNG and data position
 and write a metrics.jsonl equal to the uninterrupted one (timing fields aside). The processes
 share the suite's persistent compilation cache (conftest.py) and the SFT warm start, so only
-the first one pays for compiling and SFT. About a minute on 2 cores. The same for the multi-turn agent
-(`experiments.agents.agent`, smoke preset: demonstrations warm start, engine rollouts over several
-turns, information-gain probes), with fewer steps.
+the first one pays for compiling and SFT. About a minute on 2 cores. The same for the
+multi-turn agent (`experiments.agents.agent`, smoke preset: demonstrations warm start, engine
+rollouts over several turns, information-gain probes), with fewer steps.
 """
 import os
 import shutil

@@ -55,10 +55,11 @@ def centre(x_PG: jax.Array) -> jax.Array:
 
 def grpo(reward_B: jax.Array, *, group_size: int, norm_by_std: bool = True,
          eps: float = 1e-6) -> jax.Array:
-  """GRPO advantages [B]: (R_i - mean_G R) / (std_G R + eps), unbiased std (docs/algorithms.md §4.3).
+  """GRPO advantages [B]: (R_i - mean_G R) / (std_G R + eps), unbiased std.
 
-  norm_by_std=False gives Dr.GRPO's R_i - mean_G R (§4.4). As in verl, a group of size 1 uses
-  mean 0 and std 1, so its advantage is R / (1 + eps) (or R without the std).
+  docs/algorithms.md §4.3. norm_by_std=False gives Dr.GRPO's R_i - mean_G R (§4.4). As in
+  verl, a group of size 1 uses mean 0 and std 1, so its advantage is R / (1 + eps) (or R
+  without the std).
   """
   reward_PG = grouped(reward_B, group_size)
   if group_size == 1:
@@ -343,8 +344,8 @@ def grpo_step(group_size: int, *, norm_by_std: bool = True) -> Callable:
   """advantage_fn(batch, extras) -> (batch with adv_BT, metrics): GRPO's outcome advantage.
 
   `grpo` of `batch.reward_B` on every response token. Metrics: `adv_abs_mean` (over response
-  tokens) and `groups_with_signal`, the fraction of rows whose group has any reward spread (the rest get
-  advantage exactly 0 and teach nothing). Pure; jit it in the experiment.
+  tokens) and `groups_with_signal`, the fraction of rows whose group has any reward spread
+  (the rest get advantage exactly 0 and teach nothing). Pure; jit it in the experiment.
   """
 
   def advantage_fn(batch: types.Batch, extras):

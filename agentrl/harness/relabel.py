@@ -10,8 +10,8 @@ them read the sampled completions on the host, after sampling and before packing
   relabel_fn(trajs) -> Labels(reward_B=..., extras={"answer_id_B": ...}, metrics={...})
 
 `group_rollout_fn` is `recipe.group_rollout_fn` (same sampling, length buckets, rollout
-metrics and row lengths) with that hook between the engine and `pack`. A replaced reward becomes the batch's reward_B
-and the logged `reward`; the env's own (the verifier's) mean is logged as `verifier_reward`,
+metrics and row lengths) with that hook between the engine and `pack`. A replaced reward
+becomes the batch's reward_B and the logged `reward`; the env's own (the verifier's) mean is logged as `verifier_reward`,
 and `success` stays the env's, so a label-free run still shows the real task's progress.
 """
 from collections.abc import Callable, Sequence

@@ -24,7 +24,7 @@ Each function takes `logp_BT` (current policy; the only input meant to be differ
     detached factor: multiply the returned loss by it before aggregating.
 
 Metrics are flat dicts of f32 scalars with no gradient; a name means the same in every loss
-(the README's Metrics table lists what each experiment logs):
+(docs/metrics.md lists what each experiment logs):
   ratio_mean, ratio_max  the per-token ratio r_t = π/π_old over valid tokens
   seq_ratio_mean, _max   the loss's sequence ratio (GSPO s_i, GMPO, HölderPO) over valid rows
   cum_ratio_mean, _max   (ctpo) the cumulative-token ratio ρ_t that CTPO clips, over tokens

@@ -25,7 +25,7 @@ def entropy_bonus(entropy_BT: jax.Array,
   Multiply by the entropy coefficient and reduce with `aggregation.aggregate` in the same mode
   as the policy loss. Metrics: `entropy_loss`, the token-mean entropy over unmasked tokens of
   the policy being updated; `entropy` is the score step's (π_old), and one name has one meaning
-  in a step's record (README, Metrics), as `kl_loss` stands apart from `kl`.
+  in a step's record (docs/metrics.md), as `kl_loss` stands apart from `kl`.
   """
   chex.assert_equal_shape([entropy_BT, mask_BT])
   entropy_BT = entropy_BT.astype(jnp.float32)

@@ -185,9 +185,9 @@ def etr_ppo(logp_BT: jax.Array, old_logp_BT: jax.Array, adv_BT: jax.Array, mask_
     eps_t = eps (1 + alpha |A_t|) (1 + beta 4 Var_G(R)),
   for both eps_low and eps_high, with Var_G(R) the population variance of the row's group
   rewards (`agentrl.advantages.shaping.group_reward_variance`; 4 p (1 - p) in [0, 1] for 0/1
-  rewards, largest at pass rate 1/2). alpha and beta have no published values, so they are required;
-  alpha = beta = 0 is `policy.ppo_clip` exactly. The scale is data (detached). Aggregate with token-mean
-  (GRPO's verl default) or the caller's mode. Metrics add `eps_low_mean`, `eps_high_mean`.
+  rewards, largest at pass rate 1/2). alpha and beta have no published values, so they are
+  required; alpha = beta = 0 is `policy.ppo_clip` exactly. The scale is data (detached).
+  Aggregate with token-mean (GRPO's verl default) or the caller's mode. Metrics add `eps_low_mean`, `eps_high_mean`.
   """
   _common.check_eps(eps_low, eps_high)
   if alpha < 0 or beta < 0:

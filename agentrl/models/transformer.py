@@ -349,7 +349,7 @@ class Transformer(nnx.Module):
     # A Python loop instead of the scan: over `layers` (per-layer buffers, no per-step copy of
     # the weights out of the stack: the engine's CPU decode), or, with Config.unroll_layers,
     # over static slices of the stack (per-layer residuals instead of the scan's [L, ...]
-    # stacks; interleaved timings showed no net gain on XLA:CPU, README Performance).
+    # stacks; interleaved timings showed no net gain on XLA:CPU, docs/performance.md).
     if layers is not None or (kv is None and cfg.unroll_layers):
       carry = (x_BTD, kv)
       for i in range(cfg.depth):

@@ -97,8 +97,7 @@ def merge_phases(**sources: Mapping[str, float]) -> dict[str, float]:
     for key, value in metrics.items():
       if key in owner:
         raise ValueError(f"metric {key!r} is logged by both the {owner[key]} and the {source} "
-                         "phase; rename one (one name, one meaning: see the README's metrics "
-                         "table)")
+                         "phase; rename one (one name, one meaning: see docs/metrics.md)")
       record[key], owner[key] = value, source
   return record
 

@@ -151,8 +151,8 @@ def write_config(config: mlc.ConfigDict, workdir: str, *, experiment: str) -> fl
   naming both, before anything is written. A run made before RUN_FILE existed resumes and
   gets it. On a resume (config.json already there) the configs are compared: changes to
   STRUCTURAL_KEYS are refused with a ConfigError listing them, before anything is written,
-  once the run has checkpoints (`has_checkpoints`); other changes (a new learning rate, more steps) are printed, one line each, and the new
-  config is recorded.
+  once the run has checkpoints (`has_checkpoints`); other changes (a new learning rate, more
+  steps) are printed, one line each, and the new config is recorded.
   """
   lock(workdir)
   owner = experiment_of(workdir)

@@ -76,7 +76,7 @@ def make_score_step(graphdef, *, temperature: float, logprob_impl: str = "auto",
   `logp_mismatch` (mean |learner - sampler| log-prob over policy tokens, ~0 in float32),
   `entropy` (token-mean, of pi_old), and with a reference `kl` (token-mean k3 estimate of
   KL(pi_old || pi_ref) on the sampled tokens). These names are the score step's in every
-  experiment: a loss's own KL or entropy is `kl_loss` / `entropy_loss` (README, Metrics).
+  experiment: a loss's own KL or entropy is `kl_loss` / `entropy_loss` (docs/metrics.md).
   With `keep_entropy` the batch also keeps the per-token entropy of pi_old (`entropy_BT`), for
   an advantage step that selects or weighs tokens by it (experiments/shaping/d3s.py).
   """

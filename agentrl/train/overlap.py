@@ -28,7 +28,7 @@ the same params, keys and prompts, so the resumed run reproduces the uninterrupt
 What overlaps. The rollout thread's host work (the environment, tokenization, packing, Python
 in the sampler) runs while the update's compiled computation runs, and with an accelerator the
 sampler's device work overlaps the host side of the update as well. On a 2-core CPU both
-computations share the same two cores (README, Overlapped training, has the figures).
+computations share the same two cores (docs/scaling.md §3 has the figures).
 """
 from collections.abc import Callable
 import concurrent.futures

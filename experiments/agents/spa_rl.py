@@ -42,7 +42,7 @@ of the frozen SFT policy; the policy's params and its optimizer state (Adam mome
 its lr schedule too) are kept as they were, selected inside the one jitted update by
 state.step (the applied updates so far; a skipped non-finite update does not count), so a
 resumed run continues exactly. Without it the head starts at 0 and its first contributions are
-noise that the policy follows (README, Process-reward credit, has the measured runs).
+noise that the policy follows (this family's README.md, Process-reward credit, has the runs).
 The contributions that make the rewards are read in the score step, before the step's
 updates (pre-update): they come from an estimator that has not been fit to these
 trajectories' outcomes, as the paper's estimator, trained before RL, has not seen the RL

