@@ -53,7 +53,7 @@ _SYSTEM = flags.DEFINE_string("system_prompt", "Answer with the final number.",
 def parse_task(spec: str) -> tuple[str, dict]:
   name, _, args = spec.partition(":")
   try:
-    return name.strip(), recipe.rg_kwargs(args)
+    return name.strip(), registry.rg_kwargs(args)
   except configs.ConfigError as e:
     raise app.UsageError(f"--task={spec!r}, the arguments after ':': {e}") from None
 

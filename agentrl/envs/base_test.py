@@ -47,6 +47,9 @@ CASES = {
     "textworld": ({"kind": "custom", "max_turns": 1, "world_size": 2, "nb_objects": 2,
                    "quest_length": 2}, "look", None),
     "alfworld": ({"max_turns": 1}, "look", None),
+    "verbose_arithmetic": ({}, "0", lambda env, info: info["target"]),
+    "thinker": ({"schedule": "never", "max_turns": 2}, "guess 1",
+                lambda env, info: env.gold_action),
 }
 
 
@@ -75,7 +78,7 @@ class ProtocolTest(absltest.TestCase):
   def test_registry_rejects_unknown_names(self):
     with self.assertRaisesRegex(ValueError, "hidden_rule"):
       registry.make("chess")
-    self.assertIs(registry.ENVS["calculator"], type(registry.make("calculator")))
+    self.assertIs(registry.ENVS["calculator"].build, type(registry.make("calculator")))
 
   def test_registry_passes_an_env_argument_called_name(self):
     try:

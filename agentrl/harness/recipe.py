@@ -15,13 +15,11 @@ checkpoints, W&B when `log.wandb_project` is set) comes from `rundir.write_confi
 `loop_options` and `rundir.write_summary`, so a fork that keeps those three calls keeps every
 artifact.
 
-`rl_config(preset, smoke=...)` is the config every RL experiment starts from (all keys but
-`loss`, which each experiment writes out in full); `RL_SCHEMA` and `validate` check it. They
-are defined in `agentrl/harness/rl_config.py`.
+The config every RL experiment starts from (all keys but `loss`, which each experiment writes
+out in full), its schema and its checks are `agentrl.harness.rl_config`'s.
 """
 from collections.abc import Callable, Sequence
 import functools
-import json
 import os
 import random
 import time
@@ -37,11 +35,7 @@ from agentrl import checkpoint
 from agentrl import configs
 from agentrl.data import generators
 from agentrl.data import stream
-from agentrl.envs import arithmetic
-from agentrl.envs import hidden_rule
-from agentrl.envs import reasoning_gym_env
 from agentrl.envs import registry
-from agentrl.envs import tool_use
 from agentrl.envs import verbose_arithmetic
 from agentrl.harness import rl_config
 from agentrl.harness import sft
@@ -78,46 +72,16 @@ def loop_options(config: mlc.ConfigDict) -> dict:
 # Task, policy, warm start, optimizer.
 # ---------------------------------------------------------------------------------------------
 def make_task(tc: mlc.ConfigDict) -> Callable[[], object]:
-  """make_env() for config.task, built once now so a bad name or argument fails up front."""
-  if tc.name == "reversed_addition":
-    make_env = functools.partial(registry.make, "arithmetic", digits=tc.digits)
-  elif tc.name == "reasoning_gym":
-    kwargs = rg_kwargs(tc.get("rg_config", ""))
-    try:  # names the bad dataset or generator argument, if there is one
-      reasoning_gym_env.ReasoningGymTask(tc.rg_dataset, **kwargs)
-    except (TypeError, AssertionError) as e:
-      raise configs.ConfigError(f"config.task.rg_config {tc.rg_config!r} does not fit the "
-                                f"{tc.rg_dataset!r} generator: {e}") from None
-    make_env = functools.partial(
-        registry.make, "reasoning_gym", name=tc.rg_dataset,
-        answer_mode=tc.get("answer_mode", "tag_or_last_line"),
-        system_prompt=tc.get("system_prompt", "") or None, **kwargs)
-  elif tc.name == "verbose_addition":  # envs/verbose_arithmetic.py: filler the reward ignores
-    make_env = functools.partial(verbose_arithmetic.VerboseArithmeticEnv, digits=tc.digits)
-  elif tc.name == "hidden_rule":
-    make_env = functools.partial(registry.make, "hidden_rule", family=tc.family,
-                                 max_turns=tc.max_turns, style=tc.get("style", "full"),
-                                 closeness_reward=tc.get("closeness_reward", 0.0))
-  elif tc.name == "tool_use":  # envs/tool_use.py: family "mixed" or one of tool_use.TASKS
-    make_env = functools.partial(registry.make, "tool_use", task=tc.family,
-                                 max_turns=tc.max_turns)
-  else:
-    raise configs.ConfigError(f"config.task.name must be one of {rl_config.TASKS}, got {tc.name!r}")
-  make_env()
-  return make_env
-
-
-def rg_kwargs(text: str) -> dict:
-  """The reasoning-gym generator arguments in config.task.rg_config (a JSON object, or "")."""
+  """make_env() for config.task (`registry.factory`), built once now so that a bad name, key or
+  argument fails up front, as a ConfigError that names it."""
+  make_env = registry.factory(tc)
   try:
-    kwargs = json.loads(text) if text.strip() else {}
-  except json.JSONDecodeError as e:
-    raise configs.ConfigError(f"config.task.rg_config must be a JSON object such as "
-                              f"'{{\"max_digits\": 2}}'; got {text!r} ({e})") from None
-  if not isinstance(kwargs, dict):
-    raise configs.ConfigError(f"config.task.rg_config must be a JSON object of generator "
-                              f"arguments, got {text!r}")
-  return kwargs
+    make_env()
+  except configs.ConfigError:
+    raise
+  except ValueError as e:  # the constructor's own check of its arguments
+    raise configs.ConfigError(f"config.task (task.name={tc['name']!r}): {e}") from None
+  return make_env
 
 
 def model_config(mc: mlc.ConfigDict, vocab: int) -> transformer.Config:
@@ -132,40 +96,33 @@ def model_config(mc: mlc.ConfigDict, vocab: int) -> transformer.Config:
 
 
 def task_tokenizer(tc: mlc.ConfigDict) -> tokenizer_lib.Tokenizer:
-  """The tokenizer a scratch model gets for its task: built in-process, deterministic."""
-  if tc.name == "reversed_addition":
-    return arithmetic.build_tokenizer(tc.digits)
-  if tc.name == "verbose_addition":
-    return verbose_arithmetic.build_tokenizer(tc.digits)
-  if tc.name == "tool_use":
-    # Demonstrated episodes (with wrong calls, so error replies get pieces too) and the reply
-    # to an action that is neither a call nor an answer; no byte pieces, as for compact below.
-    env = tool_use.ToolUseEnv(tc.family, max_turns=tc.max_turns)
-    lines = _episode_texts(env, range(300), bad=("?",))
-    return tokenizer_lib.train_sentencepiece(lines, 384, byte_fallback=False)
-  if tc.name == "hidden_rule":
-    # The texts of 200 demonstrated episodes (task, actions, replies) and of error replies,
-    # so that what a rollout appends, not only the first prompt, gets compact pieces.
-    style = tc.get("style", "full")
-    env = hidden_rule.HiddenRuleEnv(tc.family, max_turns=tc.max_turns, style=style)
-    lines = [hidden_rule.SYSTEM_PROMPT] + _episode_texts(
-        env, range(200), bad=("?", "guess ?", "query 999", "encode ?", "test 0"))
-    if style == "compact":
-      # No byte pieces: a tiny model sampling at temperature 1 would spend mass on 256 ids
-      # that no game text uses (a character outside the corpus encodes as <unk>).
-      return tokenizer_lib.train_sentencepiece(lines, 160, byte_fallback=False)
-    return tokenizer_lib.train_sentencepiece(lines, 512)
-  raise configs.ConfigError(f"config.model.init='scratch' has no tokenizer for task.name="
-                            f"{tc.name!r}; use model.init='gguf' or 'hf'")
+  """The tokenizer a scratch model gets for its task (the registry row's `vocab`): built
+  in-process from the env's own texts, deterministic."""
+  row, kwargs = registry.check(tc), registry.constructor_kwargs(tc)
+  if row.vocab is None:
+    raise configs.ConfigError(f"config.model.init='scratch' has no tokenizer for task.name="
+                              f"{tc.name!r} (open-ended texts); use model.init='gguf' or 'hf'")
+  vocab = row.vocab(kwargs) if callable(row.vocab) else row.vocab
+  if not isinstance(vocab, registry.Vocab):
+    return vocab
+  env = make_task(tc)()
+  lines = [env.system_prompt] if vocab.system and getattr(env, "system_prompt", "") else []
+  lines += _episode_texts(env, range(vocab.seeds), bad=vocab.bad,
+                          demonstrations=row.sft == "demonstrations")
+  if hasattr(env, "close"):
+    env.close()
+  return tokenizer_lib.train_sentencepiece(lines, vocab.size, byte_fallback=vocab.byte_fallback)
 
 
-def _episode_texts(env, seeds, *, bad: tuple) -> list[str]:
-  """Prompts, actions and replies of `env`'s demonstrations (noise 0.5) on `seeds`, and its
-  first reply to each action in `bad`: the corpus of a task's scratch tokenizer."""
+def _episode_texts(env, seeds, *, bad: tuple, demonstrations: bool) -> list[str]:
+  """The prompt of each of `env`'s episodes on `seeds`, its demonstrated actions and replies
+  (noise 0.5) when it has `demonstrations`, and its first reply to each action in `bad`: the
+  corpus of a task's scratch tokenizer."""
   lines = []
   for seed in seeds:
     lines.append(env.reset(seed))
-    for action in env.demonstration(seed, random.Random(seed), noise=0.5):
+    for action in (env.demonstration(seed, random.Random(seed), noise=0.5)
+                   if demonstrations else ()):
       obs, _, done, _ = env.step(action)
       lines += [action, obs]
       if done:
@@ -256,14 +213,20 @@ def warm_start(config: mlc.ConfigDict, workdir: str, mesh, graphdef, params, tok
                data: sft.Data | None = None) -> tuple[nnx.State, dict]:
   """SFT (config.sft) for a scratch model; cached in <workdir>/warm_start for resumed runs.
 
-  reversed_addition trains on gold answers; hidden_rule, tool_use and verbose_addition on their
-  env's demonstrations (`sft.demonstration_data`; hidden_rule's noise is sft.demo_noise; verbose
-  answers carry random filler), with validation success measured by
-  greedy rollouts of `engine` (built here if None); `data` replaces the task's own SFT data
-  (an experiment's demonstrations, e.g. experiments/agents/ttexplore.py's thinker turns).
-  Pretrained models (model.init gguf/hf) are returned as they are, with info {}.
+  The task's registry row says what to train on (`registry.Row.sft`): arithmetic its gold
+  answers; an env with demonstrations (hidden_rule, thinker, tool_use, verbose_arithmetic) its
+  scripted episodes (`sft.demonstration_data`; the noise is sft.demo_noise; verbose answers carry
+  random filler), with validation success measured by greedy rollouts of `engine` (built here if
+  None); `data` replaces the task's own SFT data (an experiment's demonstrations, e.g.
+  experiments/agents/ttexplore.py's thinker turns). Pretrained models (model.init gguf/hf) and
+  the envs with neither are returned as they are, with info {}.
   """
+  how = registry.check(config.task).sft
   if config.model.init != "scratch":
+    return params, {}
+  if data is None and not how:
+    print(f"SFT warm start: skipped, task.name={config.task.name!r} has no demonstrations; RL "
+          "starts from the initial model.", flush=True)
     return params, {}
   if lora.has_adapters(params):  # SFT trains the base; the fresh adapters go on top of it
     base, info = warm_start(config, workdir, mesh, *lora.detach(graphdef, params), tok,
@@ -283,7 +246,7 @@ def warm_start(config: mlc.ConfigDict, workdir: str, mesh, graphdef, params, tok
         "(sft.target_success)", flush=True)
   if data is not None:
     data = {"data": data}
-  elif config.task.name in ("hidden_rule", "verbose_addition", "tool_use"):
+  elif how == "demonstrations":
     data = {"data": _demonstrations(config, engine or rollout_engine(config, graphdef, tok),
                                     tok)}
   else:
@@ -314,10 +277,7 @@ def _demonstrations(config: mlc.ConfigDict, engine, tok) -> sft.Data:
                             max_len=rc.max_len, chat_template=tc.chat_template,
                             seed_base=sft.VALID_SEED_BASE)
 
-  demo_env = make_env
-  if tc.name == "verbose_addition":  # half the prompts end with a budget "[b]" (HBPO's format)
-    demo_env = functools.partial(verbose_arithmetic.VerboseArithmeticEnv, digits=tc.digits,
-                                 budget_prompts=0.5)
+  demo_env = functools.partial(make_env, **registry.check(tc).demo_kwargs)
   return sft.demonstration_data(tok, demo_env, batch_size=sc.batch_size, max_len=rc.max_len,
                                 chat_template=tc.chat_template, noise=sc.get("demo_noise", 0.0),
                                 success=success)
@@ -437,7 +397,7 @@ def use_verbose_task(c: mlc.ConfigDict) -> None:
   compact task's 1e-3, GRPO with one update per step lost held-out greedy success on this task
   (22.6% -> 7.2% in 40 steps of 32 prompts x 8), at 3e-4 it gained (22.6% -> 26.0% in 30).
   """
-  c.task.name = "verbose_addition"
+  c.task.name = "verbose_arithmetic"
   longest = verbose_arithmetic.response_tokens(c.task.digits)
   c.rollout.update(max_new_tokens=longest + 1, max_len=VERBOSE_MAX_LEN)
   c.optim.lr = 3e-4

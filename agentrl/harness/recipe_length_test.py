@@ -18,7 +18,7 @@ class ConfigTest(absltest.TestCase):
       c = rl_config.rl_config("cpu", smoke=smoke)
       recipe.use_verbose_task(c)
       self.assertEqual((c.task.name, c.rollout.max_new_tokens, c.rollout.max_len),
-                       ("verbose_addition", 16, 32))
+                       ("verbose_arithmetic", 16, 32))
       rl_config.validate(c, rl_config.RL_SCHEMA)
     c.rollout.max_new_tokens = 6                 # shorter than the longest demonstration
     with self.assertRaisesRegex(configs.ConfigError,

@@ -60,11 +60,11 @@ def completion_text(traj: Trajectory, tok) -> str:
 def final_answer(text: str, task_name: str) -> str | None:
   """The answer a task reads from a completion; None when it holds none.
 
-  reversed_addition scores the whole completion by exact match, so the answer is the stripped
+  arithmetic scores the whole completion by exact match, so the answer is the stripped
   completion; every other task goes through `extract.extract(text, "tag_or_last_line")`, the
   reasoning-gym env's extraction.
   """
-  if task_name == "reversed_addition":
+  if task_name == "arithmetic":
     return text.strip() or None
   return extract.extract(text, "tag_or_last_line")
 

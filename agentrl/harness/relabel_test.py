@@ -61,8 +61,8 @@ class RelabelTest(absltest.TestCase):
     self.assertEqual(relabel.completion_text(empty, self.tok), "")
 
   def test_final_answer(self):
-    self.assertEqual(relabel.final_answer(" 9750 ", "reversed_addition"), "9750")
-    self.assertIsNone(relabel.final_answer("  ", "reversed_addition"))
+    self.assertEqual(relabel.final_answer(" 9750 ", "arithmetic"), "9750")
+    self.assertIsNone(relabel.final_answer("  ", "arithmetic"))
     self.assertEqual(relabel.final_answer("so\n<answer> 42 </answer>", "reasoning_gym"), "42")
     self.assertEqual(relabel.final_answer("work\n17", "reasoning_gym"), "17")
 

@@ -4,9 +4,8 @@
   c = rl_config("cpu", smoke=False)     # every key but `loss` (each experiment writes its own)
   validate(c, {**RL_SCHEMA, ...})       # the first bad key fails, named, before anything runs
 
-Experiments reach these through `agentrl.harness.recipe` (`rl_config.rl_config`, `rl_config.RL_SCHEMA`,
-`rl_config.validate`, `rl_config.lora_config`), which re-exports them next to the blocks that read
-the config.
+Experiments import this module beside `agentrl.harness.recipe`, whose blocks read the config;
+the task keys come from the environment registry (`agentrl.envs.registry`).
 """
 import math
 import os
@@ -15,15 +14,17 @@ import jax
 import ml_collections as mlc
 
 from agentrl import configs
+from agentrl.envs import registry
 from agentrl.envs import verbose_arithmetic
 from agentrl.models import lora
 from agentrl.models import presets
-from agentrl.rewards import extract
 from agentrl import sharding
 from agentrl.train import overlap
 
 PRESETS = ("cpu", "smollm2", "pod")
-TASKS = ("reversed_addition", "reasoning_gym", "hidden_rule", "verbose_addition", "tool_use")
+# Every env an experiment config can name (agentrl/envs/registry.py); the single-turn ones are
+# RL_SCHEMA's task.name choices.
+TASKS = registry.NAMES
 
 
 
@@ -40,15 +41,13 @@ def rl_config(preset: str = "cpu", *, smoke: bool = False) -> mlc.ConfigDict:
   c = mlc.ConfigDict()
   c.seed = 0
   c.total_steps = 150
-  # reversed_addition: arithmetic.make_problem(seed) ("123+456=" -> "9750"), exact match.
-  # reasoning_gym: any reasoning-gym dataset (rg_dataset), scored by its own scorer, with
-  # rg_config its generator's arguments as a JSON object ('{"max_digits": 2}'; "": defaults),
-  # answer_mode how the answer is read from the completion (agentrl.rewards.extract.MODES),
-  # system_prompt the chat system message ("": reasoning-gym's own, which asks for
-  # <answer></answer> tags).
-  c.task = dict(name="reversed_addition", digits=3, rg_dataset="basic_arithmetic",
-                rg_config="", answer_mode="tag_or_last_line", system_prompt="", max_turns=1,
-                chat_template=False)
+  # Every single-turn env's keys (agentrl/envs/registry.py), so that --config.task.name picks
+  # any of them: arithmetic (digits: "123+456=" -> "9750", exact match), verbose_arithmetic,
+  # reasoning_gym (rg_dataset, scored by its own scorer, with rg_config its generator's
+  # arguments as a JSON object ('{"max_digits": 2}'; "": defaults), answer_mode how the answer
+  # is read from the completion (agentrl.rewards.extract.MODES), system_prompt the chat system
+  # message ("": reasoning-gym's own, which asks for <answer></answer> tags)).
+  c.task = registry.task_config("arithmetic", names=registry.SINGLE_TURN)
   # init: scratch (tiny model, tokenizer built for the task), gguf/hf (weights at model.path).
   # unroll_layers: the trainer's forward/backward loops over the layers instead of scanning
   # them (per-layer residuals, no stacked zero-filled ones; compile time grows with depth).
@@ -120,15 +119,7 @@ def rl_config(preset: str = "cpu", *, smoke: bool = False) -> mlc.ConfigDict:
 RL_SCHEMA = {
     "seed": configs.Key(int, min=0),
     "total_steps": configs.Key(int, min=1),
-    "task.name": configs.Key(str, choices=("reversed_addition", "reasoning_gym",
-                                           "verbose_addition")),
-    "task.digits": configs.Key(int, min=1, max=9),
-    "task.rg_dataset": configs.Key(str),
-    "task.rg_config": configs.Key(str),
-    "task.answer_mode": configs.Key(str, choices=extract.MODES),
-    "task.system_prompt": configs.Key(str),
-    "task.max_turns": configs.Key(int, min=1),
-    "task.chat_template": configs.Key(bool),
+    **registry.schema(registry.SINGLE_TURN),
     "model.init": configs.Key(str, choices=("scratch", "gguf", "hf")),
     "model.variant": configs.Key(str),
     "model.width": configs.Key(int, min=8),
@@ -202,14 +193,14 @@ def validate(config: mlc.ConfigDict, schema) -> None:
   configs.require(rc.max_new_tokens < rc.max_len,
                   f"config.rollout.max_new_tokens ({rc.max_new_tokens}) must be < "
                   f"config.rollout.max_len ({rc.max_len}), which also holds the prompt")
-  configs.require(config.model.init != "scratch" or config.task.name != "reasoning_gym",
-                  "config.model.init='scratch' builds its tokenizer for reversed_addition or "
-                  "hidden_rule; use model.init='gguf' or 'hf' for task.name='reasoning_gym'")
+  configs.require(config.model.init != "scratch" or registry.check(config.task).vocab is not None,
+                  f"config.model.init='scratch' has no tokenizer for task.name="
+                  f"{config.task.name!r} (open-ended texts); use model.init='gguf' or 'hf'")
   longest = (verbose_arithmetic.response_tokens(config.task.digits)
-             if config.task.name == "verbose_addition" else 0)  # hidden_rule has no digits
-  configs.require(config.task.name != "verbose_addition" or rc.max_new_tokens >= longest,
+             if config.task.name == "verbose_arithmetic" else 0)
+  configs.require(config.task.name != "verbose_arithmetic" or rc.max_new_tokens >= longest,
                   f"config.rollout.max_new_tokens ({rc.max_new_tokens}) must be >= {longest} "
-                  "for task.name='verbose_addition' (its longest demonstrated response)")
+                  "for task.name='verbose_arithmetic' (its longest demonstrated response)")
   configs.require(config.model.init != "hf" or bool(config.model.path),
                   "config.model.path must be an HF checkpoint directory (config.json + "
                   "safetensors) for model.init='hf'")

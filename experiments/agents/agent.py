@@ -4,11 +4,16 @@ r"""Turn-level credit for a multi-turn agent: A2TGPO (arXiv 2605.06200) with IGP
   python -m experiments.agents.agent --workdir=runs/agent              # cpu: tiny model, minutes
   python -m experiments.agents.agent --config.loss.credit=a2tgpo_igpo  # turn-level credit
   python -m experiments.agents.agent --config=experiments/agents/agent.py:smollm2
+  python -m experiments.agents.agent --config.task.name=search --config.loss.credit=gigpo
   python -m experiments.agents.agent --config=experiments/agents/agent.py:pod \
       --config.model.path=/ckpt/Qwen3-8B --workdir=gs://bucket/agent     # accelerators
 
-The task is a hidden-rule game (agentrl/envs/hidden_rule.py): the rule can only be inferred
-by querying over several turns, so which turn helped is the credit-assignment question.
+The task is a hidden-rule game by default (agentrl/envs/hidden_rule.py): the rule can only be
+inferred by querying over several turns, so which turn helped is the credit-assignment
+question. --config.task.name picks any env of agentrl/envs/registry.py (its keys are the
+config's task keys: --print_config lists them); a credit that needs what the env lacks (the
+gold answer of the probes, a command reader for SIOP) is refused up front, and a scratch model
+on an env without demonstrations skips the SFT warm start.
 Per trajectory i and model turn k (docs/algorithms.md §5):
 
   P_k   = exp(mean log pi(gold answer | history before turn k)), measured by the rollout
@@ -64,7 +69,7 @@ from agentrl.credit import mapo
 from agentrl.credit import probes
 from agentrl.credit import siop
 from agentrl import distributed
-from agentrl.envs import hidden_rule
+from agentrl.envs import registry
 from agentrl.harness import cli
 from agentrl.harness import recipe
 from agentrl.harness import rl_config
@@ -86,11 +91,12 @@ def get_config(arg: str | None = None) -> mlc.ConfigDict:
     raise configs.ConfigError(f"unknown agent preset {arg.preset!r}; use cpu (default), "
                               "smollm2, pod or smoke")
   c = rl_config.rl_config(arg.preset, smoke=arg.smoke)
-  # family: hidden_rule.FAMILIES or "mixed" (drawn per seed); style: "compact" (short texts,
-  # for a scratch model) or "full".
-  # closeness_reward: c x how far a failed episode narrowed the secret down (0: outcome only).
-  c.task = dict(name="hidden_rule", family="guess", max_turns=7, style="compact",
-                chat_template=False, closeness_reward=0.0)
+  # Every env's keys (agentrl/envs/registry.py), so that --config.task.name picks any of them;
+  # the chosen env reads its own. hidden_rule: family hidden_rule.FAMILIES or "mixed" (drawn
+  # per seed); style "compact" (short texts, for a scratch model) or "full"; closeness_reward
+  # c x how far a failed episode narrowed the secret down (0: outcome only).
+  c.task = registry.task_config("hidden_rule", names=registry.NAMES, family="guess",
+                                max_turns=7, style="compact", closeness_reward=0.0)
   # demo_noise: the chance that a demonstrated guess is a random consistent one (0: the
   # expert's binary search only).
   c.sft.update(target_success=0.3, demo_noise=0.0, eval_every=2, eval_problems=200)
@@ -119,7 +125,7 @@ def get_config(arg: str | None = None) -> mlc.ConfigDict:
     c.total_steps, c.task.closeness_reward, c.model.unroll_layers = 250, 0.5, True
     c.rollout.temperature = 0.7
     c.optim.update(lr=3e-4, warmup_steps=10)
-    c.loss.credit = "grpo"  # fastest here (README); smoke keeps A2TGPO + IGPO, the longest path
+    c.loss.credit = "grpo"  # fastest (README.md here); smoke keeps A2TGPO + IGPO, the longest path
   c.eval.update(num_problems=300, every=25)
   if arg.preset == "smollm2":  # SmolLM2-135M-Instruct, a few CPU steps.
     c.task.update(max_turns=4, style="full", chat_template=True)
@@ -142,15 +148,14 @@ def get_config(arg: str | None = None) -> mlc.ConfigDict:
 
 CREDITS = ("a2tgpo_igpo", "igpo", "gigpo", "siop", "infopo", "mapo", "grpo")
 PROBED = ("a2tgpo_igpo", "igpo")   # credits that need the gold-answer probes
+# What a credit needs of the env (a registry.Row attribute), and what that is.
+NEEDS = {"a2tgpo_igpo": ("gold_action", "the gold action of its answer probes"),
+         "igpo": ("gold_action", "the gold action of its answer probes"),
+         "siop": ("parse_action", "a command reader to cluster final answers")}
 SIOP_REFS = 3                      # SIOP's references per mode (its launch setting)
 SCHEMA = {
     **{k: v for k, v in rl_config.RL_SCHEMA.items() if not k.startswith("task.")},
-    "task.name": configs.Key(str, choices=("hidden_rule",)),
-    "task.family": configs.Key(str, choices=("mixed",) + hidden_rule.FAMILIES),
-    "task.max_turns": configs.Key(int, min=2),
-    "task.style": configs.Key(str, choices=hidden_rule.STYLES),
-    "task.chat_template": configs.Key(bool),
-    "task.closeness_reward": configs.Key(float, min=0.0, max=0.99),
+    **registry.schema(registry.NAMES),
     "sft.demo_noise": configs.Key(float, min=0.0, max=1.0),
     "rollout.group_size": configs.Key(int, min=2, why="for turn-group normalization"),
     "loss.credit": configs.Key(str, choices=CREDITS),
@@ -161,6 +166,18 @@ SCHEMA = {
     "loss.gamma": configs.Key(float, min=0.0, max=1.0),
     "loss.probe_len": configs.Key(int, min=1),
 }
+
+
+def check_credit(config) -> None:
+  """ConfigError for a loss.credit that cannot work on the chosen env (NEEDS)."""
+  credit, name = config.loss.credit, config.task.name
+  need, what = NEEDS.get(credit, ("", ""))
+  if need and not getattr(registry.check(config.task), need):
+    able = [n for n, row in registry.ENVS.items() if getattr(row, need)]
+    raise configs.ConfigError(f"config.loss.credit={credit!r} needs {what}, which "
+                              f"task.name={name!r} lacks; use it on {able} or pick another "
+                              f"credit ({', '.join(c for c in CREDITS if c not in NEEDS)} "
+                              "work on every env)")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -266,10 +283,12 @@ def gold_extras(trajs, golds, probe_step, params, *, U, length, pad_id, rows) ->
                             "turn_mask_BU": turn_mask}, rows)}
 
 
-def siop_extras(trajs, tok, probe_step, params, *, G, U, probe_len, length, rows) -> dict:
+def siop_extras(trajs, tok, probe_step, params, *, parse, G, U, probe_len, length,
+                rows) -> dict:
   """SIOP's inputs: mean log pi(reference r | prompt) [B, R] and (| through turn k) [B, U, R],
-  the references' weights [B, R], q [B] and the turn mask [B, U]."""
-  answers = probes.final_answers(trajs, tok, hidden_rule.parse_command)
+  the references' weights [B, R], q [B] and the turn mask [B, U]; `parse` reads a final turn's
+  command (the env's registry.Row.parse_action)."""
+  answers = probes.final_answers(trajs, tok, parse)
   refs, weight_BR, target_B = probes.siop_references(answers, group_size=G)
   ref_ids = [[np.asarray(tok.encode(r), np.int32)[:probe_len] for r in rs] for rs in refs]
   *rows_probe, turn_mask = probes.siop_probes(trajs, ref_ids, max_turns=U, num_refs=SIOP_REFS,
@@ -297,8 +316,12 @@ def infopo_extras(trajs, batch, counterfactual_step, params, *, placeholder_ids,
 
 def make_rollout_fn(config, engine, tok, make_env, data, mesh, probe_step,
                     counterfactual_step=None):
-  """Multi-turn groups, packed, plus the per-turn extras config.loss.credit needs."""
-  rc, tc, U, credit = config.rollout, config.task, config.task.max_turns, config.loss.credit
+  """Multi-turn groups, packed, plus the per-turn extras config.loss.credit needs.
+
+  U is the env's own bound on model turns (`max_turns`: task.max_turns, plus the thoughts of
+  the thinker env; 1 for a single-turn env)."""
+  rc, tc, credit = config.rollout, config.task, config.loss.credit
+  U, parse = make_env().max_turns, registry.check(tc).parse_action
   length = rc.max_len + config.loss.probe_len   # the probes' rows
   placeholder_ids = list(tok.encode(infopo.PLACEHOLDER))
 
@@ -328,7 +351,7 @@ def make_rollout_fn(config, engine, tok, make_env, data, mesh, probe_step,
       extras = gold_extras(trajs, golds(seeds), probe_step, params, U=U, length=length,
                            pad_id=tok.pad_id, rows=rows)
     elif credit == "siop":
-      extras = siop_extras(trajs, tok, probe_step, params, G=rc.group_size, U=U,
+      extras = siop_extras(trajs, tok, probe_step, params, parse=parse, G=rc.group_size, U=U,
                            probe_len=config.loss.probe_len, length=length, rows=rows)
     elif credit == "infopo":
       extras = infopo_extras(trajs, batch, counterfactual_step, params,
@@ -347,6 +370,7 @@ def make_rollout_fn(config, engine, tok, make_env, data, mesh, probe_step,
 def train(config: mlc.ConfigDict, workdir: str) -> dict:
   """A2TGPO end to end; returns the summary written to <workdir>/summary.json."""
   rl_config.validate(config, SCHEMA)
+  check_credit(config)
   start = rundir.write_config(config, workdir, experiment="agent")
   rc, mesh = config.rollout, sharding.make_mesh(config.mesh)
   make_env = recipe.make_task(config.task)

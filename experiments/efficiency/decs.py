@@ -63,7 +63,7 @@ def get_config(arg: str | None = None) -> mlc.ConfigDict:
 
 SCHEMA = {
     **rl_config.RL_SCHEMA,
-    "task.name": configs.Key(str, choices=("verbose_addition",),
+    "task.name": configs.Key(str, choices=("verbose_arithmetic",),
                              why="for DECS (its redundancy detector reads the filler)"),
     "loss.eps_low": configs.Key(float, min=0.0, max=1.0),
     "loss.eps_high": configs.Key(float, min=0.0),

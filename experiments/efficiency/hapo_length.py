@@ -96,7 +96,7 @@ def get_config(arg: str | None = None) -> mlc.ConfigDict:
 
 SCHEMA = {
     **rl_config.RL_SCHEMA,
-    "task.name": configs.Key(str, choices=("verbose_addition",),
+    "task.name": configs.Key(str, choices=("verbose_arithmetic",),
                              why="for HAPO (a finite training set whose prompts repeat)"),
     "updates.minibatches": configs.Key(
         int, min=1, max=1, why="for HAPO (the update reads and writes the history table)"),

@@ -64,7 +64,7 @@ def get_config(arg: str | None = None) -> mlc.ConfigDict:
 SCHEMA = {
     **rl_config.RL_SCHEMA,
     # The preference pairs are built from reversed-addition problems.
-    "task.name": configs.Key(str, choices=("reversed_addition",), why="for the reward model"),
+    "task.name": configs.Key(str, choices=("arithmetic",), why="for the reward model"),
     "loss.eps_low": configs.Key(float, min=0.0, max=1.0),
     "loss.eps_high": configs.Key(float, min=0.0),
     "loss.kl_coef": configs.Key(float, min=0.0),

@@ -56,7 +56,7 @@ def get_config(arg: str | None = None) -> mlc.ConfigDict:
 
 SCHEMA = {
     **rl_config.RL_SCHEMA,
-    "task.name": configs.Key(str, choices=("reversed_addition",), why="for the flaw detector"),
+    "task.name": configs.Key(str, choices=("arithmetic",), why="for the flaw detector"),
     "loss.eps_low": configs.Key(float, min=0.0, max=1.0),
     "loss.eps_high": configs.Key(float, min=0.0),
     "loss.dual_clip": configs.Key(float, min=1.000001, why="for the dual clip c > 1"),

@@ -87,7 +87,7 @@ def get_config(arg: str | None = None) -> mlc.ConfigDict:
 
 SCHEMA = {
     **rl_config.RL_SCHEMA,
-    "task.name": configs.Key(str, choices=("verbose_addition",),
+    "task.name": configs.Key(str, choices=("verbose_arithmetic",),
                              why="for MSSR (a finite training set whose prompts repeat)"),
     "rollout.group_size": configs.Key(int, min=1, max=1, why="for MSSR (single rollout)"),
     "updates.minibatches": configs.Key(

@@ -1,0 +1,79 @@
+"""The env table: every row builds with its defaults, and its derived names and checks agree."""
+import importlib.util
+
+from absl.testing import absltest
+from absl.testing import parameterized
+
+from agentrl import configs
+from agentrl.envs import registry
+from agentrl.harness import recipe
+from agentrl.harness import rl_config
+
+# The optional package each engine- or library-backed env needs.
+PACKAGES = {"reasoning_gym": "reasoning_gym", "search": "rank_bm25", "textworld": "textworld",
+            "alfworld": "alfworld"}
+
+
+class RegistryTest(parameterized.TestCase):
+
+  @parameterized.named_parameters((name, name) for name in registry.NAMES)
+  def test_every_row_builds_with_its_defaults(self, name):
+    package = PACKAGES.get(name)
+    if package and importlib.util.find_spec(package) is None:
+      self.skipTest(f"{name} needs the {package} package (pip install -e '.[envs]')")
+    tc = registry.task_config(name)
+    env = recipe.make_task(tc)()
+    try:
+      self.assertIsInstance(env.reset(0), str)
+      want = tc["max_turns"] if name != "thinker" else tc["max_turns"] * 2 - 1
+      self.assertEqual(env.max_turns, want)
+    finally:
+      if hasattr(env, "close"):
+        env.close()
+
+  def test_derived_names_agree(self):
+    self.assertEqual(rl_config.TASKS, registry.NAMES)
+    self.assertEqual(rl_config.RL_SCHEMA["task.name"].choices, registry.SINGLE_TURN)
+    self.assertEqual(registry.SINGLE_TURN, ("arithmetic", "verbose_arithmetic", "reasoning_gym"))
+    task_keys = {k[len("task."):] for k in rl_config.RL_SCHEMA if k.startswith("task.")}
+    self.assertEqual(task_keys, set(rl_config.rl_config().task))
+
+  def test_fields_fill_constructor_arguments(self):
+    kwargs = registry.constructor_kwargs(dict(name="tool_use", family="weekday", max_turns=3,
+                                              digits=4))   # digits: another env's, unread
+    self.assertEqual(kwargs, {"task": "weekday", "max_turns": 3})
+    rg = registry.constructor_kwargs(dict(name="reasoning_gym", rg_config='{"max_digits": 2}'))
+    self.assertEqual((rg["name"], rg["max_digits"], rg["system_prompt"]),
+                     ("basic_arithmetic", 2, None))
+
+  def test_bad_name_key_or_value_is_one_config_error(self):
+    with self.assertRaisesRegex(configs.ConfigError,
+                                r"task\.name must be one of \('arithmetic'.*got 'chess'"):
+      registry.factory(dict(name="chess"))
+    with self.assertRaisesRegex(configs.ConfigError,
+                                r"config\.task\.colour is not a key .*'digits'"):
+      registry.factory(dict(name="arithmetic", colour="red"))
+    with self.assertRaisesRegex(configs.ConfigError,
+                                r"config\.task\.family must be one of .*task\.name='thinker'"):
+      registry.factory(dict(name="thinker", family="cipher"))
+    with self.assertRaisesRegex(configs.ConfigError, r"config\.task\.top_k is not a key"):
+      registry.task_config("arithmetic", top_k=2)
+    with self.assertRaisesRegex(configs.ConfigError, r"config\.task \(task\.name='thinker'\)"):
+      recipe.make_task(registry.task_config("thinker", max_turns=3, first=3))
+
+  def test_reasoning_gym_generator_arguments_are_checked_up_front(self):
+    if importlib.util.find_spec("reasoning_gym") is None:
+      self.skipTest("needs reasoning_gym")
+    with self.assertRaisesRegex(configs.ConfigError, r"rg_config does not fit"):
+      registry.factory(dict(name="reasoning_gym", rg_config='{"no_such_argument": 1}'))
+    with self.assertRaisesRegex(configs.ConfigError, r"rg_config must be a JSON object"):
+      registry.factory(dict(name="reasoning_gym", rg_config="[1]"))
+
+  def test_a_shared_key_accepts_what_any_env_does(self):
+    family = registry.schema(("hidden_rule", "tool_use"))["task.family"]
+    self.assertIn("cipher", family.choices)
+    self.assertIn("weekday", family.choices)
+
+
+if __name__ == "__main__":
+  absltest.main()
