@@ -30,7 +30,7 @@ class ConfigError(ValueError):
   """A user-supplied config value is missing, unknown, mistyped or out of range."""
 
 
-def _convert(name: str, text: str, default: Any) -> Any:
+def parse_value(name: str, text: str, default: Any) -> Any:
   """Parses `text` to the type of `default` (bool, int, float or str)."""
   kind = type(default)
   if kind is bool:
@@ -74,7 +74,7 @@ def parse_arg(arg: str | None, **defaults: Any) -> mlc.ConfigDict:
     if name not in defaults:
       raise ConfigError(f"unknown config arg {name!r} in {arg!r}; accepted: "
                         f"{', '.join(sorted(defaults)) or '(none)'}")
-    result[name] = _convert(name, text, defaults[name])
+    result[name] = parse_value(name, text, defaults[name])
   return result
 
 
@@ -97,11 +97,11 @@ class Key:
   optional: bool = False
 
 
-def _leaves(tree: Mapping[str, Any], prefix: str = "") -> Iterator[tuple[str, Any]]:
+def leaves(tree: Mapping[str, Any], prefix: str = "") -> Iterator[tuple[str, Any]]:
   for name, value in tree.items():
     path = f"{prefix}{name}"
     if isinstance(value, (mlc.ConfigDict, Mapping)) and len(value):
-      yield from _leaves(value, path + ".")
+      yield from leaves(value, path + ".")
     else:
       yield path, value
 
@@ -191,7 +191,7 @@ def validate(config: Mapping[str, Any], schema: Mapping[str, Key], *,
   for path, key in schema.items():
     check_key(path, get(config, path), key)
   covered = tuple(schema) + tuple(allow_extra)
-  for path, _ in _leaves(config):
+  for path, _ in leaves(config):
     if not any(path == p or path.startswith(p + ".") for p in covered):
       near = [p for p in schema if p.rsplit(".", 1)[-1] == path.rsplit(".", 1)[-1]]
       hint = f" (did you mean config.{near[0]}?)" if near else ""

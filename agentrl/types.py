@@ -1,4 +1,4 @@
-"""Device pytrees shared across agentrl, and the shape-letter legend.
+"""Device pytrees shared across agentrl, the shape-letter legend and the group layout.
 
 Shape letters used across agentrl (array names end in _<LETTERS>):
 
@@ -14,12 +14,13 @@ Inside a shard_map body, use lowercase (logits_btv) for per-device (local) exten
 
 Alignment: per-token arrays cover the whole sequence (prompt + response), and
 `logp_BT[:, t] = log pi(tokens[:, t] | tokens[:, <t])` with column 0 set to 0.
-Rows [i*G, (i+1)*G) of a grouped batch share a prompt.
+Rows [i*G, (i+1)*G) of a grouped batch share a prompt (`grouped`, `centre`).
 """
 from typing import Any
 
 import flax
 import jax
+import jax.numpy as jnp
 
 
 @flax.struct.dataclass
@@ -54,3 +55,23 @@ class TrainState:
   step: jax.Array                        # int32 scalar; also the RNG fold-in index
   params: Any                            # nnx.State of the policy (and value head, if any)
   opt_state: Any                         # optax.OptState
+
+
+def grouped(x_BX: jax.Array, group_size: int) -> jax.Array:
+  """[B, ...] -> [P, G, ...] float32, with a readable error for a batch that does not split.
+
+  Every group estimator and shaping rule reads its batch this way: rows [i*G, (i+1)*G) hold
+  prompt i's G samples.
+  """
+  if group_size < 1 or x_BX.ndim < 1 or x_BX.shape[0] % group_size:
+    raise ValueError(f"Expected a leading axis B divisible by group_size={group_size}; got "
+                     f"shape {x_BX.shape}. Rows [i*G, (i+1)*G) must hold prompt i's samples.")
+  return x_BX.astype(jnp.float32).reshape(-1, group_size, *x_BX.shape[1:])
+
+
+def centre(x_PG: jax.Array) -> jax.Array:
+  """x - mean over each group; exactly 0 for an all-equal group."""
+  # Shifting by the group min first makes equal rewards give d = 0 exactly (x - mean(x) can be
+  # one ulp off in float32) and keeps large reward offsets from costing precision.
+  d_PG = x_PG - x_PG.min(axis=1, keepdims=True)
+  return d_PG - d_PG.mean(axis=1, keepdims=True)

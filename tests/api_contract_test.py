@@ -15,8 +15,9 @@ CONTRACT = {
     "agentrl.losses.value": "clipped_value_loss",
     "agentrl.losses.preference": "bradley_terry dpo",
     "agentrl.losses.schedules": "holder_p",
-    "agentrl.advantages.estimators": "grpo rloo reinforce_pp reinforce_pp_baseline remax opo gae "
-                          "turn_group information_gain discounted_turn_returns",
+    "agentrl.types": "Batch TrainState grouped centre",
+    "agentrl.advantages.estimators": "grpo rloo reinforce_pp reinforce_pp_baseline remax opo "
+                                     "gae turn_group information_gain discounted_turn_returns",
     "agentrl.models.transformer": "Config Transformer",
     "agentrl.models.heads": "ValueHead RewardHead",
     "agentrl.models.hf": "load save",

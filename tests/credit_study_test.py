@@ -36,7 +36,7 @@ def _apply(config, override: str):
   key, value = override.removeprefix("--config.").split("=", 1)
   parent, _, leaf = key.rpartition(".")
   node = configs.get(config, parent) if parent else config
-  convert = configs._convert  # pylint: disable=protected-access
+  convert = configs.parse_value
   node[leaf] = convert(key, value, configs.get(config, key))
 
 

@@ -15,9 +15,14 @@ import tempfile
 
 from absl.testing import absltest
 import numpy as np
+import pytest
 
 from agentrl.records import metrics
 from experiments.policy import grpo
+
+# Minutes of training: run with `-m slow`. The GRPO smoke run (experiments_smoke_test) covers
+# the same code path in seconds; this test checks that it learns.
+pytestmark = pytest.mark.slow
 
 SEEDS = (0, 1)
 STEPS, WINDOW, MIN_GAIN = 40, 10, 0.015

@@ -25,6 +25,7 @@ import numpy as np
 
 from agentrl.advantages import estimators
 from agentrl.rewards import length_rewards
+from agentrl import types
 
 BRPO_VARIANCE_REDUCTION = ("brpo", "v1only", "v2only", "none")
 
@@ -78,7 +79,7 @@ def brpo_thinking(budget_score_BS: jax.Array, *, group_size: int, budget_probs: 
   p_S = _budget_probs(budget_probs)
   if p_S.shape[0] != S:
     raise ValueError(f"budget_probs has {p_S.shape[0]} entries but budget_score_BS has S={S}.")
-  R_PGS = estimators.grouped(budget_score_BS, group_size)
+  R_PGS = types.grouped(budget_score_BS, group_size)
   tail_S = jnp.cumsum(p_S[::-1])[::-1]                           # sum_{j >= s} p_j
   # Shifting each row by its smallest score makes constant scores give Ret - V1 = 0 exactly.
   d_PGS = R_PGS - R_PGS.min(axis=2, keepdims=True)
@@ -131,7 +132,7 @@ def brpo_summary(summary_score_BSA: jax.Array, cut_BS: jax.Array, *, group_size:
   B, S, A = summary_score_BSA.shape
   scores = summary_score_BSA.astype(jnp.float32)
   if A == 1:
-    adv_BSA = _centre_over_group(estimators.grouped(scores, group_size)).reshape(B, S, A)
+    adv_BSA = _centre_over_group(types.grouped(scores, group_size)).reshape(B, S, A)
   else:
     same_BSS = cut_BS[:, :, None] == cut_BS[:, None, :]          # slots sharing a cut
     # Shift by the cut's lowest score: a cut whose summaries all score alike gets exactly 0.
@@ -181,8 +182,8 @@ def hbpo(reward_B: jax.Array, budget_B: jax.Array, *, group_size: int, intra_coe
   inter_B = estimators.grpo(reward_B, group_size=group_size, eps=eps)
   if group_size == 1:
     return inter_B
-  R_PG = estimators.grouped(reward_B, group_size)
-  b_PG = estimators.grouped(budget_B, group_size)
+  R_PG = types.grouped(reward_B, group_size)
+  b_PG = types.grouped(budget_B, group_size)
   same_PGG = (b_PG[:, :, None] == b_PG[:, None, :]).astype(jnp.float32)
   mu_PG = jnp.einsum("pgh,ph->pg", same_PGG, R_PG) / same_PGG.sum(-1)
   f2_PG = length_rewards.hbpo_budget_reward(b_PG, max_len=max_len, beta=beta, pi=pi)
@@ -231,7 +232,7 @@ def decs(score_B: jax.Array, redundant_BT: jax.Array, loss_mask_BT: jax.Array, *
   """
   r_BT = decs_token_rewards(score_B, redundant_BT, loss_mask_BT,
                             max_response_len=max_response_len, beta=beta)
-  r_PGT = estimators.grouped(r_BT, group_size)
+  r_PGT = types.grouped(r_BT, group_size)
   if group_size == 1:
     adv_PGT = r_PGT / (1.0 + eps)
   else:

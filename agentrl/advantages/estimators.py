@@ -33,26 +33,6 @@ from agentrl.losses import aggregation
 from agentrl import types
 
 
-def grouped(x_BX: jax.Array, group_size: int) -> jax.Array:
-  """[B, ...] -> [P, G, ...] float32, with a readable error for a batch that does not split.
-
-  Every group estimator and shaping rule reads its batch this way: rows [i*G, (i+1)*G) hold
-  prompt i's G samples.
-  """
-  if group_size < 1 or x_BX.ndim < 1 or x_BX.shape[0] % group_size:
-    raise ValueError(f"Expected a leading axis B divisible by group_size={group_size}; got "
-                     f"shape {x_BX.shape}. Rows [i*G, (i+1)*G) must hold prompt i's samples.")
-  return x_BX.astype(jnp.float32).reshape(-1, group_size, *x_BX.shape[1:])
-
-
-def centre(x_PG: jax.Array) -> jax.Array:
-  """x - mean over each group; exactly 0 for an all-equal group."""
-  # Shifting by the group min first makes equal rewards give d = 0 exactly (x - mean(x) can be
-  # one ulp off in float32) and keeps large reward offsets from costing precision.
-  d_PG = x_PG - x_PG.min(axis=1, keepdims=True)
-  return d_PG - d_PG.mean(axis=1, keepdims=True)
-
-
 def grpo(reward_B: jax.Array, *, group_size: int, norm_by_std: bool = True,
          eps: float = 1e-6) -> jax.Array:
   """GRPO advantages [B]: (R_i - mean_G R) / (std_G R + eps), unbiased std.
@@ -61,12 +41,12 @@ def grpo(reward_B: jax.Array, *, group_size: int, norm_by_std: bool = True,
   verl, a group of size 1 uses mean 0 and std 1, so its advantage is R / (1 + eps) (or R
   without the std).
   """
-  reward_PG = grouped(reward_B, group_size)
+  reward_PG = types.grouped(reward_B, group_size)
   if group_size == 1:
     adv_PG = reward_PG
     std_PG = jnp.ones_like(reward_PG)
   else:
-    adv_PG = centre(reward_PG)
+    adv_PG = types.centre(reward_PG)
     std_PG = jnp.std(adv_PG, axis=1, ddof=1, keepdims=True)  # jnp's default is ddof=0
   if norm_by_std:
     adv_PG = adv_PG / (std_PG + eps)
@@ -79,10 +59,10 @@ def rloo(reward_B: jax.Array, *, group_size: int) -> jax.Array:
   A group of size 1 has no other sample; like verl's `compute_rloo_outcome_advantage` it keeps
   the raw reward (baseline 0).
   """
-  reward_PG = grouped(reward_B, group_size)
+  reward_PG = types.grouped(reward_B, group_size)
   if group_size == 1:
     return reward_PG.reshape(-1)
-  return (group_size / (group_size - 1) * centre(reward_PG)).reshape(-1)
+  return (group_size / (group_size - 1) * types.centre(reward_PG)).reshape(-1)
 
 
 def opo(reward_B: jax.Array, length_B: jax.Array, *, group_size: int) -> jax.Array:
@@ -94,10 +74,10 @@ def opo(reward_B: jax.Array, length_B: jax.Array, *, group_size: int) -> jax.Arr
   `compute_opo_outcome_advantage` [V-verl]. `length_B` is the response length |y_i| (number
   of policy tokens). A group whose lengths are all 0 falls back to the plain mean.
   """
-  reward_PG = grouped(reward_B, group_size)
+  reward_PG = types.grouped(reward_B, group_size)
   if group_size == 1:
     return reward_PG.reshape(-1)
-  length_PG = grouped(length_B, group_size)
+  length_PG = types.grouped(length_B, group_size)
   d_PG = reward_PG - reward_PG.min(axis=1, keepdims=True)  # exact 0 for equal rewards
   total_P1 = length_PG.sum(axis=1, keepdims=True)
   weighted_P1 = (length_PG * d_PG).sum(axis=1, keepdims=True) / jnp.maximum(total_P1, 1e-30)
@@ -151,8 +131,8 @@ def reinforce_pp_baseline(reward_B: jax.Array, mask_BT: jax.Array, *,
 
   A size-1 group has mean 0, as in verl. Masked positions are 0.
   """
-  reward_PG = grouped(reward_B, group_size)
-  centred_B = (reward_PG if group_size == 1 else centre(reward_PG)).reshape(-1)
+  reward_PG = types.grouped(reward_B, group_size)
+  centred_B = (reward_PG if group_size == 1 else types.centre(reward_PG)).reshape(-1)
   return aggregation.masked_whiten(broadcast_to_tokens(centred_B, mask_BT), mask_BT)
 
 
@@ -217,7 +197,7 @@ def turn_group(turn_reward_BU: jax.Array, turn_mask_BU: jax.Array, *, group_size
   if turn_reward_BU.shape != turn_mask_BU.shape or turn_reward_BU.ndim != 2:
     raise ValueError(f"turn_group expects matching [B, U] arrays; got {turn_reward_BU.shape} "
                      f"and {turn_mask_BU.shape}.")
-  grouped(turn_reward_BU[:, 0], group_size)  # validates B against group_size
+  types.grouped(turn_reward_BU[:, 0], group_size)  # validates B against group_size
   U = turn_reward_BU.shape[1]
   reward_PGU = turn_reward_BU.astype(jnp.float32).reshape(-1, group_size, U)
   valid_PGU = (turn_mask_BU > 0).reshape(reward_PGU.shape)
@@ -326,7 +306,7 @@ def group_has_variance(reward_B: jax.Array, *, group_size: int) -> jax.Array:
   Groups with identical rewards (all solved or all failed) give zero GRPO advantage; DAPO drops
   them and samples more prompts (§4.5). Size-1 groups are never kept.
   """
-  reward_PG = grouped(reward_B, group_size)
+  reward_PG = types.grouped(reward_B, group_size)
   spread_P1 = reward_PG.max(axis=1, keepdims=True) > reward_PG.min(axis=1, keepdims=True)
   return jnp.broadcast_to(spread_P1, reward_PG.shape).reshape(-1)
 

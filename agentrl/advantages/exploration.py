@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 
 from agentrl.advantages import estimators
+from agentrl import types
 
 REDUCTIONS = ("mean", "max")
 
@@ -122,8 +123,8 @@ def g2rl_scale(novelty_B: jax.Array, *, group_size: int, alpha: float = 1.0,
   centring on the group mean]. A group whose novelties are all equal (identical responses)
   gets exactly 1, and so does alpha = 0.
   """
-  n_PG = estimators.grouped(novelty_B, group_size)
-  s_PG = jnp.clip(1.0 + alpha * estimators.centre(n_PG), 1.0 - bound, 1.0 + bound)
+  n_PG = types.grouped(novelty_B, group_size)
+  s_PG = jnp.clip(1.0 + alpha * types.centre(n_PG), 1.0 - bound, 1.0 + bound)
   return s_PG.reshape(-1)
 
 

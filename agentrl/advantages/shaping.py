@@ -28,6 +28,7 @@ import jax.numpy as jnp
 
 from agentrl.advantages import estimators
 from agentrl.losses import selection
+from agentrl import types
 
 
 def _per_row(x_P1: jax.Array, like_PG: jax.Array) -> jax.Array:
@@ -40,7 +41,7 @@ def group_reward_variance(reward_B: jax.Array, *, group_size: int) -> jax.Array:
   ETR's macro-level signal (`losses.trust_region.etr_ppo(group_var_B=...)`); an all-equal
   group gives exactly 0.
   """
-  r_PG = estimators.grouped(reward_B, group_size)
+  r_PG = types.grouped(reward_B, group_size)
   d_PG = r_PG - r_PG.min(axis=1, keepdims=True)  # an all-equal group gives exactly 0
   var_P1 = jnp.square(d_PG - d_PG.mean(axis=1, keepdims=True)).mean(axis=1, keepdims=True)
   return _per_row(var_P1, r_PG)
@@ -68,10 +69,10 @@ def hapo_group_token_advantage(reward_B: jax.Array, mask_BT: jax.Array, *, group
   falls back depends on the batch's padded width; `count_padding=True` reproduces that
   (a row has padding when L_i < T), the default checks response tokens only.
   """
-  reward_PG = estimators.grouped(reward_B, group_size)
+  reward_PG = types.grouped(reward_B, group_size)
   if mask_BT.ndim != 2 or mask_BT.shape[0] != reward_B.shape[0]:
     raise ValueError(f"mask_BT must be [B, T] with B = {reward_B.shape[0]}; got {mask_BT.shape}.")
-  length_PG = estimators.grouped((mask_BT > 0).sum(-1), group_size)
+  length_PG = types.grouped((mask_BT > 0).sum(-1), group_size)
   total_P1 = jnp.maximum(length_PG.sum(axis=1, keepdims=True), 1.0)
   low_P1 = reward_PG.min(axis=1, keepdims=True)
   d_PG = reward_PG - low_P1  # exact zeros for an all-equal group
@@ -126,7 +127,7 @@ def copo_global_advantage(reward_B: jax.Array, answer_id_B: jax.Array, *, group_
   So a prompt whose G rollouts all agree still gets a signal relative to the other prompts.
   With one prompt the official code divides by a NaN std; here that gives 0.
   """
-  reward_PG = estimators.grouped(reward_B, group_size)
+  reward_PG = types.grouped(reward_B, group_size)
   g_P = reward_PG.mean(axis=1)
   if entropy_coef and group_size > 1:
     lam = (1.0 - 1.0 / group_size) / math.log2(group_size)
@@ -211,7 +212,7 @@ def riskpo_advantage(reward_B: jax.Array, *, group_size: int, bundle_size: int =
     raise ValueError(f"Unknown RiskPO credit {credit!r}; use one of {RISKPO_CREDITS}.")
   if not 0.0 <= alpha_down < alpha_up <= 1.0:
     raise ValueError(f"Need 0 <= alpha_down < alpha_up <= 1; got {alpha_down}, {alpha_up}.")
-  reward_PG = estimators.grouped(reward_B, group_size)
+  reward_PG = types.grouped(reward_B, group_size)
   if bundle_size < 1 or reward_PG.shape[0] % bundle_size:
     raise ValueError(f"The number of prompts ({reward_PG.shape[0]}) must be a multiple of "
                      f"bundle_size={bundle_size}.")
@@ -276,7 +277,7 @@ def arm_advantage(adv_B: jax.Array, reward_B: jax.Array, prompt_conf_B: jax.Arra
   (e.g. `lowest_fraction_mean` of the prompt's and the answer's log-probs; their exact form is
   [INF]); alpha has no published default. alpha = 0 returns A (GRPO).
   """
-  reward_PG = estimators.grouped(reward_B, group_size)
+  reward_PG = types.grouped(reward_B, group_size)
   for name, x in (("adv_B", adv_B), ("prompt_conf_B", prompt_conf_B),
                   ("answer_conf_B", answer_conf_B)):
     if x.shape != reward_B.shape:

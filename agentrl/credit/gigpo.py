@@ -34,6 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from agentrl.advantages import estimators
+from agentrl import types
 
 MODES = ("mean_norm", "mean_std_norm")
 
@@ -132,7 +133,7 @@ def group_normalize(x_N: jax.Array, segment_N: jax.Array, valid_N: jax.Array, *,
   x_N = jnp.where(valid_N, x_N.astype(jnp.float32), 0.0)
   ssum = lambda v: jax.ops.segment_sum(v, seg_N, num_segments=num_segments)
   count_N = ssum(valid_N.astype(jnp.float32))[seg_N]
-  # Centre on the segment minimum first, so equal values give exactly 0 (as estimators.centre).
+  # Centre on the segment minimum first, so equal values give exactly 0 (as types.centre).
   low_S = jax.ops.segment_min(jnp.where(valid_N, x_N, jnp.inf), seg_N, num_segments=num_segments)
   d_N = jnp.where(valid_N, x_N - low_S[seg_N], 0.0)
   centred_N = d_N - ssum(d_N)[seg_N] / jnp.maximum(count_N, 1.0)

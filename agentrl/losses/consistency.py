@@ -10,10 +10,10 @@ metric names follow the `agentrl.losses.policy` conventions.
 import jax
 import jax.numpy as jnp
 
-from agentrl.losses import _common
+from agentrl.losses import common
 from agentrl.losses import policy
 
-Metrics = _common.Metrics
+Metrics = common.Metrics
 
 
 def copo_ppo(logp_BT: jax.Array, old_logp_BT: jax.Array, adv_BT: jax.Array, mask_BT: jax.Array,
@@ -29,7 +29,7 @@ def copo_ppo(logp_BT: jax.Array, old_logp_BT: jax.Array, adv_BT: jax.Array, mask
   advantage exactly. Metrics: the local term's PPO metrics, `global_clipfrac` and
   `local_weight_mean` (over rows with a policy token).
   """
-  valid_BT = _common.check(logp_BT, old_logp_BT, mask_BT)
+  valid_BT = common.check(logp_BT, old_logp_BT, mask_BT)
   B = mask_BT.shape[0]
   if global_adv_B.shape != (B,) or local_weight_B.shape != (B,):
     raise ValueError(f"global_adv_B and local_weight_B must have shape ({B},); got "
@@ -41,5 +41,5 @@ def copo_ppo(logp_BT: jax.Array, old_logp_BT: jax.Array, adv_BT: jax.Array, mask
   w_B1 = jax.lax.stop_gradient(local_weight_B.astype(jnp.float32))[:, None]
   loss_BT = jnp.where(valid_BT, (1.0 - w_B1) * global_BT + w_B1 * local_BT, 0.0)
   metrics.update(global_clipfrac=global_metrics["clipfrac"],
-                 local_weight_mean=_common.stat_mean(w_B1[:, 0], valid_BT.any(-1)))
+                 local_weight_mean=common.stat_mean(w_B1[:, 0], valid_BT.any(-1)))
   return loss_BT, metrics

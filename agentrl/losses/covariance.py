@@ -15,17 +15,17 @@ re-exports both functions (the API contract names them there).
 import jax
 import jax.numpy as jnp
 
-from agentrl.losses import _common
+from agentrl.losses import common
 from agentrl.losses import ratios
 
-Metrics = _common.Metrics
+Metrics = common.Metrics
 
 
 def _covariance(adv_BT, logp_BT, valid_BT):
   """Per-token (A − mean A)(logp − mean logp) over valid tokens, detached (Cui et al. 2025)."""
   logp_BT = jax.lax.stop_gradient(logp_BT.astype(jnp.float32))
-  return ((adv_BT - _common.stat_mean(adv_BT, valid_BT))
-          * (logp_BT - _common.stat_mean(logp_BT, valid_BT)))
+  return ((adv_BT - common.stat_mean(adv_BT, valid_BT))
+          * (logp_BT - common.stat_mean(logp_BT, valid_BT)))
 
 
 def _ranks(key_BT):
@@ -47,12 +47,12 @@ def clip_cov(logp_BT: jax.Array, old_logp_BT: jax.Array, adv_BT: jax.Array, mask
   denominator (verl `compute_policy_loss_clip_cov`). Aggregate with token-mean.
   Metrics add cov_clipfrac (verl's pg_clipfrac for this loss: the excluded fraction).
   """
-  valid_BT = _common.check(logp_BT, old_logp_BT, mask_BT)
-  _common.check_eps(eps_low, eps_high)
+  valid_BT = common.check(logp_BT, old_logp_BT, mask_BT)
+  common.check_eps(eps_low, eps_high)
   if not clip_cov_ratio > 0:
     raise ValueError(f"clip_cov_ratio must be > 0; got {clip_cov_ratio}.")
-  adv_BT = _common.token_adv(adv_BT, logp_BT)
-  log_ratio_BT = ratios.token_log_ratio(logp_BT, old_logp_BT, mask_BT, clamp=_common.CLAMP)
+  adv_BT = common.token_adv(adv_BT, logp_BT)
+  log_ratio_BT = ratios.token_log_ratio(logp_BT, old_logp_BT, mask_BT, clamp=common.CLAMP)
   ratio_BT = jnp.exp(log_ratio_BT)
   loss1_BT = -adv_BT * ratio_BT
   loss2_BT = -adv_BT * jnp.clip(ratio_BT, 1.0 - eps_low, 1.0 + eps_high)
@@ -65,7 +65,7 @@ def clip_cov(logp_BT: jax.Array, old_logp_BT: jax.Array, adv_BT: jax.Array, mask
   key_BT = jnp.where(candidate_BT, jax.random.uniform(rng, candidate_BT.shape), 2.0)
   excluded_BT = candidate_BT & (_ranks(key_BT) < n_clip)
   loss_BT = jnp.where(valid_BT & ~excluded_BT, jnp.maximum(loss1_BT, loss2_BT), 0.0)
-  return loss_BT, _common.ratio_metrics(
+  return loss_BT, common.ratio_metrics(
       ratio_BT, valid_BT, log_ratio_BT, valid_BT, clipfrac=ppo_clipped_BT,
       clipfrac_high=(ratio_BT > 1 + eps_high) & (adv_BT > 0),
       clipfrac_low=(ratio_BT < 1 - eps_low) & (adv_BT < 0), cov_clipfrac=excluded_BT)
@@ -81,11 +81,11 @@ def kl_cov(logp_BT: jax.Array, old_logp_BT: jax.Array, adv_BT: jax.Array, mask_B
   of valid tokens. r from ℓ clamped to ±20. Aggregate with token-mean. Metrics add
   ppo_kl_abs (verl's ppo_kl for this loss) and cov_kl_frac (the penalised fraction).
   """
-  valid_BT = _common.check(logp_BT, old_logp_BT, mask_BT)
+  valid_BT = common.check(logp_BT, old_logp_BT, mask_BT)
   if not kl_cov_ratio > 0:
     raise ValueError(f"kl_cov_ratio must be > 0; got {kl_cov_ratio}.")
-  adv_BT = _common.token_adv(adv_BT, logp_BT)
-  log_ratio_BT = ratios.token_log_ratio(logp_BT, old_logp_BT, mask_BT, clamp=_common.CLAMP)
+  adv_BT = common.token_adv(adv_BT, logp_BT)
+  log_ratio_BT = ratios.token_log_ratio(logp_BT, old_logp_BT, mask_BT, clamp=common.CLAMP)
   ratio_BT = jnp.exp(log_ratio_BT)
   cov_BT = _covariance(adv_BT, logp_BT, valid_BT)
   n_top = jnp.maximum(jnp.floor(kl_cov_ratio * valid_BT.sum().astype(jnp.float32)), 1.0)
@@ -94,7 +94,7 @@ def kl_cov(logp_BT: jax.Array, old_logp_BT: jax.Array, adv_BT: jax.Array, mask_B
   # gradient 1 there, which would bias the on-policy gradient away from REINFORCE).
   abs_kl_BT = jnp.sign(log_ratio_BT) * log_ratio_BT
   loss_BT = -adv_BT * ratio_BT + jnp.where(top_BT, ppo_kl_coef * abs_kl_BT, 0.0)
-  metrics = _common.ratio_metrics(ratio_BT, valid_BT, log_ratio_BT, valid_BT,
+  metrics = common.ratio_metrics(ratio_BT, valid_BT, log_ratio_BT, valid_BT,
                                   cov_kl_frac=top_BT)
-  metrics["ppo_kl_abs"] = _common.stat_mean(abs_kl_BT, valid_BT)
+  metrics["ppo_kl_abs"] = common.stat_mean(abs_kl_BT, valid_BT)
   return jnp.where(valid_BT, loss_BT, 0.0), metrics

@@ -35,14 +35,14 @@ import chex
 import jax
 import jax.numpy as jnp
 
-from agentrl.losses import _common
+from agentrl.losses import common
 
-Metrics = _common.Metrics
+Metrics = common.Metrics
 
 
 def _reward(logp_BT, teacher_logp_BT, mask_BT, ref_logp_BT, lam):
   """r_t (unweighted, f32, detached, zero where masked) and the valid-token mask."""
-  valid_BT = _common.check(logp_BT, teacher_logp_BT, mask_BT)
+  valid_BT = common.check(logp_BT, teacher_logp_BT, mask_BT)
   if not (isinstance(lam, (int, float)) and math.isfinite(lam)):
     raise ValueError(f"lam must be a finite Python number (static); got {lam!r}.")
   s_BT, t_BT = (jax.lax.stop_gradient(x).astype(jnp.float32) for x in (logp_BT, teacher_logp_BT))
@@ -101,8 +101,8 @@ def opd_loss(logp_BT: jax.Array, teacher_logp_BT: jax.Array, mask_BT: jax.Array,
   adv_BT = _weighted(r_BT, weight_BT, valid_BT)
   loss_BT = jnp.where(valid_BT, -adv_BT * logp_BT.astype(jnp.float32), 0.0)
   gap_BT = logp_BT.astype(jnp.float32) - teacher_logp_BT.astype(jnp.float32)
-  return loss_BT, {"opd_reward": _common.stat_mean(r_BT, valid_BT),
-                   "opd_teacher_kl": _common.stat_mean(gap_BT, valid_BT)}
+  return loss_BT, {"opd_reward": common.stat_mean(r_BT, valid_BT),
+                   "opd_teacher_kl": common.stat_mean(gap_BT, valid_BT)}
 
 
 def distill_kl_loss(kl_BT: jax.Array, mask_BT: jax.Array, *,
@@ -121,7 +121,7 @@ def distill_kl_loss(kl_BT: jax.Array, mask_BT: jax.Array, *,
   chex.assert_equal_shape([kl_BT, mask_BT])
   valid_BT = mask_BT > 0
   kl_BT = jnp.where(valid_BT, kl_BT.astype(jnp.float32), 0.0)
-  return _weighted(kl_BT, weight_BT, valid_BT), {"distill_kl": _common.stat_mean(kl_BT,
+  return _weighted(kl_BT, weight_BT, valid_BT), {"distill_kl": common.stat_mean(kl_BT,
                                                                                  valid_BT)}
 
 

@@ -43,12 +43,12 @@ import math
 import jax
 import jax.numpy as jnp
 
-from agentrl.losses import _common
+from agentrl.losses import common
 from agentrl.losses import covariance
 from agentrl.losses import ratios
 from agentrl.losses import sequence
 
-Metrics = _common.Metrics
+Metrics = common.Metrics
 
 # The API contract (docs/architecture.md §3) names these as agentrl.losses.policy.<name>.
 gspo = sequence.gspo
@@ -65,11 +65,11 @@ kl_cov = covariance.kl_cov
 def vanilla_pg(logp_BT: jax.Array, old_logp_BT: jax.Array, adv_BT: jax.Array,
                mask_BT: jax.Array) -> tuple[jax.Array, Metrics]:
   """REINFORCE (Williams 1992): L_t = −A_t · logp_t. `old_logp_BT` only feeds the metrics."""
-  valid_BT = _common.check(logp_BT, old_logp_BT, mask_BT)
-  adv_BT = _common.token_adv(adv_BT, logp_BT)
+  valid_BT = common.check(logp_BT, old_logp_BT, mask_BT)
+  adv_BT = common.token_adv(adv_BT, logp_BT)
   loss_BT = jnp.where(valid_BT, -adv_BT * logp_BT.astype(jnp.float32), 0.0)
-  log_ratio_BT = ratios.token_log_ratio(logp_BT, old_logp_BT, mask_BT, clamp=_common.CLAMP)
-  return loss_BT, _common.ratio_metrics(jnp.exp(log_ratio_BT), valid_BT, log_ratio_BT, valid_BT)
+  log_ratio_BT = ratios.token_log_ratio(logp_BT, old_logp_BT, mask_BT, clamp=common.CLAMP)
+  return loss_BT, common.ratio_metrics(jnp.exp(log_ratio_BT), valid_BT, log_ratio_BT, valid_BT)
 
 
 def ppo_terms(ratio_BT, clipped_BT, adv_BT, threshold_BT, high_BT, low_BT, valid_BT,
@@ -82,7 +82,7 @@ def ppo_terms(ratio_BT, clipped_BT, adv_BT, threshold_BT, high_BT, low_BT, valid
     loss3_BT = -adv_BT * threshold_BT
     dual_BT = (loss_BT > loss3_BT) & (adv_BT < 0)
     loss_BT = jnp.where(adv_BT < 0, jnp.minimum(loss_BT, loss3_BT), loss_BT)
-  metrics = _common.ratio_metrics(
+  metrics = common.ratio_metrics(
       ratio_BT, valid_BT, log_ratio_BT, valid_BT, clipfrac=loss2_BT > loss1_BT,
       clipfrac_high=high_BT & (adv_BT > 0), clipfrac_low=low_BT & (adv_BT < 0),
       clipfrac_lower=dual_BT)
@@ -98,12 +98,12 @@ def ppo_clip(logp_BT: jax.Array, old_logp_BT: jax.Array, adv_BT: jax.Array, mask
   `dual_clip=c` (Ye et al. 2020, c > 1; verl default 3.0) L ← min(L, −A c) where A < 0.
   Defaults are the PPO paper's ε = 0.2 with no dual clip; DAPO uses eps_high=0.28.
   """
-  valid_BT = _common.check(logp_BT, old_logp_BT, mask_BT)
-  _common.check_eps(eps_low, eps_high)
+  valid_BT = common.check(logp_BT, old_logp_BT, mask_BT)
+  common.check_eps(eps_low, eps_high)
   if dual_clip is not None and not dual_clip > 1.0:
     raise ValueError(f"dual_clip must be > 1 (the dual-clip PPO bound c); got {dual_clip}.")
-  adv_BT = _common.token_adv(adv_BT, logp_BT)
-  log_ratio_BT = ratios.token_log_ratio(logp_BT, old_logp_BT, mask_BT, clamp=_common.CLAMP)
+  adv_BT = common.token_adv(adv_BT, logp_BT)
+  log_ratio_BT = ratios.token_log_ratio(logp_BT, old_logp_BT, mask_BT, clamp=common.CLAMP)
   ratio_BT = jnp.exp(log_ratio_BT)
   return ppo_terms(ratio_BT, jnp.clip(ratio_BT, 1.0 - eps_low, 1.0 + eps_high), adv_BT,
                     dual_clip, ratio_BT > 1.0 + eps_high, ratio_BT < 1.0 - eps_low, valid_BT,
@@ -132,13 +132,13 @@ def ctpo(logp_BT: jax.Array, old_logp_BT: jax.Array, adv_BT: jax.Array, mask_BT:
   Metrics: the clip fractions are of ρ_t; `cum_ratio_mean`, `cum_ratio_max` are ρ_t's and
   `ratio_mean`, `ratio_max` the per-token r_t's, as in every loss.
   """
-  valid_BT = _common.check(logp_BT, old_logp_BT, mask_BT)
+  valid_BT = common.check(logp_BT, old_logp_BT, mask_BT)
   if clip_mode not in ("log_adaptive", "standard"):
     raise ValueError(f"Unknown CTPO clip_mode {clip_mode!r}; use 'log_adaptive' (CTPO-LA) or "
                      "'standard' (cum-token-cumprod).")
-  adv_BT = _common.token_adv(adv_BT, logp_BT)
+  adv_BT = common.token_adv(adv_BT, logp_BT)
   log_rho_BT, n_BT = ratios.cumulative_log_ratio(logp_BT, old_logp_BT, mask_BT, geomean=geomean,
-                                                 clamp=_common.CLAMP)
+                                                 clamp=common.CLAMP)
   rho_BT = jnp.where(valid_BT, jnp.exp(log_rho_BT), 0.0)
   if clip_mode == "log_adaptive":
     if min(a_lo, a_hi, a_c) <= 0:
@@ -149,20 +149,20 @@ def ctpo(logp_BT: jax.Array, old_logp_BT: jax.Array, adv_BT: jax.Array, mask_BT:
     threshold_BT = jnp.where(valid_BT, jnp.exp(a_c * scale_BT), 1.0)
     high_BT, low_BT = log_rho_BT > hi_BT, log_rho_BT < -lo_BT
   else:
-    _common.check_eps(eps_low, eps_high)
+    common.check_eps(eps_low, eps_high)
     if not dual_clip > 1.0:
       raise ValueError(f"dual_clip must be > 1; got {dual_clip}.")
     clipped_BT = jnp.clip(rho_BT, 1.0 - eps_low, 1.0 + eps_high)
     threshold_BT = jnp.full_like(rho_BT, dual_clip)
     high_BT, low_BT = rho_BT > 1.0 + eps_high, rho_BT < 1.0 - eps_low
-  log_ratio_BT = ratios.token_log_ratio(logp_BT, old_logp_BT, mask_BT, clamp=_common.CLAMP)
+  log_ratio_BT = ratios.token_log_ratio(logp_BT, old_logp_BT, mask_BT, clamp=common.CLAMP)
   loss_BT, metrics = ppo_terms(rho_BT, clipped_BT, adv_BT, threshold_BT, high_BT, low_BT,
                                 valid_BT, log_ratio_BT)
   # `ratio_*` is r_t in every loss, so the ρ_t that CTPO clips is logged under its own name.
   metrics["cum_ratio_mean"], metrics["cum_ratio_max"] = metrics["ratio_mean"], metrics["ratio_max"]
   ratio_BT = jnp.exp(log_ratio_BT)
-  metrics.update(ratio_mean=_common.stat_mean(ratio_BT, valid_BT),
-                 ratio_max=_common.stat_max(ratio_BT, valid_BT))
+  metrics.update(ratio_mean=common.stat_mean(ratio_BT, valid_BT),
+                 ratio_max=common.stat_max(ratio_BT, valid_BT))
   return loss_BT, metrics
 
 
@@ -176,14 +176,14 @@ def cispo(logp_BT: jax.Array, old_logp_BT: jax.Array, adv_BT: jax.Array, mask_BT
   verified (docs/algorithms.md §4.8). clipfrac_high / clipfrac_low here count truncated weights
   (regardless of the sign of A), not removed gradients.
   """
-  valid_BT = _common.check(logp_BT, old_logp_BT, mask_BT)
-  _common.check_eps(eps_low, eps_high)
-  adv_BT = _common.token_adv(adv_BT, logp_BT)
-  log_ratio_BT = ratios.token_log_ratio(logp_BT, old_logp_BT, mask_BT, clamp=_common.CLAMP)
+  valid_BT = common.check(logp_BT, old_logp_BT, mask_BT)
+  common.check_eps(eps_low, eps_high)
+  adv_BT = common.token_adv(adv_BT, logp_BT)
+  log_ratio_BT = ratios.token_log_ratio(logp_BT, old_logp_BT, mask_BT, clamp=common.CLAMP)
   ratio_BT = jnp.exp(log_ratio_BT)
   weight_BT = jax.lax.stop_gradient(jnp.clip(ratio_BT, 1.0 - eps_low, 1.0 + eps_high))
   loss_BT = jnp.where(valid_BT, -weight_BT * adv_BT * logp_BT.astype(jnp.float32), 0.0)
-  return loss_BT, _common.ratio_metrics(
+  return loss_BT, common.ratio_metrics(
       ratio_BT, valid_BT, log_ratio_BT, valid_BT, clipfrac=ratio_BT != weight_BT,
       clipfrac_high=ratio_BT > 1 + eps_high, clipfrac_low=ratio_BT < 1 - eps_low)
 
@@ -203,17 +203,17 @@ def sapo(logp_BT: jax.Array, old_logp_BT: jax.Array, adv_BT: jax.Array, mask_BT:
   the negative temperature, and that the paper aggregates with seq-mean-token-mean (verl
   forces that mode for SAPO), are taken from verl, not from the paper body.
   """
-  valid_BT = _common.check(logp_BT, old_logp_BT, mask_BT)
+  valid_BT = common.check(logp_BT, old_logp_BT, mask_BT)
   if not (tau_pos > 0 and tau_neg > 0):
     raise ValueError(f"tau_pos and tau_neg must be > 0; got {tau_pos}, {tau_neg}.")
-  adv_BT = _common.token_adv(adv_BT, logp_BT)
-  log_ratio_BT = ratios.token_log_ratio(logp_BT, old_logp_BT, mask_BT, clamp=_common.CLAMP)
+  adv_BT = common.token_adv(adv_BT, logp_BT)
+  log_ratio_BT = ratios.token_log_ratio(logp_BT, old_logp_BT, mask_BT, clamp=common.CLAMP)
   ratio_BT = jnp.exp(log_ratio_BT)
   tau_BT = jnp.where(adv_BT > 0, tau_pos, tau_neg)
   gate_BT = jax.nn.sigmoid(tau_BT * (ratio_BT - 1.0)) * (4.0 / tau_BT)
   loss_BT = jnp.where(valid_BT, -gate_BT * adv_BT, 0.0)
-  metrics = _common.ratio_metrics(ratio_BT, valid_BT, log_ratio_BT, valid_BT)
-  metrics["gate_mean"] = _common.stat_mean(gate_BT, valid_BT)
+  metrics = common.ratio_metrics(ratio_BT, valid_BT, log_ratio_BT, valid_BT)
+  metrics["gate_mean"] = common.stat_mean(gate_BT, valid_BT)
   return loss_BT, metrics
 
 
@@ -247,16 +247,16 @@ def r2vpo(logp_BT: jax.Array, old_logp_BT: jax.Array, adv_BT: jax.Array, mask_BT
   Metrics add ratio_var (V̂: mean of (r − c)² over valid tokens, or rows at sequence level),
   constraint_residual, lam, and capfrac (fraction at the cap).
   """
-  valid_BT = _common.check(logp_BT, old_logp_BT, mask_BT)
+  valid_BT = common.check(logp_BT, old_logp_BT, mask_BT)
   if level not in ("token", "sequence"):
     raise ValueError(f"Unknown R2VPO level {level!r}; use 'token' or 'sequence'.")
   if center not in ("one", "mean"):
     raise ValueError(f"Unknown R2VPO center {center!r}; use 'one' or 'mean'.")
   if ratio_cap is not None and not ratio_cap > 1.0:
     raise ValueError(f"ratio_cap must be > 1 (or None); got {ratio_cap}.")
-  adv_BT = _common.token_adv(adv_BT, logp_BT)
+  adv_BT = common.token_adv(adv_BT, logp_BT)
   if level == "token":
-    log_r_BT = ratios.token_log_ratio(logp_BT, old_logp_BT, mask_BT, clamp=_common.CLAMP)
+    log_r_BT = ratios.token_log_ratio(logp_BT, old_logp_BT, mask_BT, clamp=common.CLAMP)
     unit_valid = valid_BT  # the variance is estimated over tokens
   else:
     log_r_BT = ratios.sequence_token_log_ratio(logp_BT, old_logp_BT, mask_BT)
@@ -267,17 +267,17 @@ def r2vpo(logp_BT: jax.Array, old_logp_BT: jax.Array, adv_BT: jax.Array, mask_BT
     log_r_BT = jnp.minimum(log_r_BT, math.log(ratio_cap))
   r_BT = jnp.exp(log_r_BT)
   units = r_BT if level == "token" else r_BT.max(-1, where=valid_BT, initial=0.0)
-  c = 1.0 if center == "one" else _common.stat_mean(units, unit_valid)
+  c = 1.0 if center == "one" else common.stat_mean(units, unit_valid)
   lam = jax.lax.stop_gradient(jnp.asarray(lam, jnp.float32))
   loss_BT = -adv_BT * r_BT + lam * (r_BT - c) ** 2
   if staleness_B is not None:
     weight_B = jax.lax.stop_gradient(stale_decay ** jnp.asarray(staleness_B, jnp.float32))
     loss_BT = loss_BT * weight_B[:, None]
-  ratio_var = _common.stat_mean((units - c) ** 2, unit_valid)
-  metrics = _common.ratio_metrics(units, unit_valid, ratios.token_log_ratio(
-      logp_BT, old_logp_BT, mask_BT, clamp=_common.CLAMP), valid_BT, seq=level == "sequence")
+  ratio_var = common.stat_mean((units - c) ** 2, unit_valid)
+  metrics = common.ratio_metrics(units, unit_valid, ratios.token_log_ratio(
+      logp_BT, old_logp_BT, mask_BT, clamp=common.CLAMP), valid_BT, seq=level == "sequence")
   metrics.update(ratio_var=ratio_var, constraint_residual=ratio_var - delta, lam=lam,
-                 capfrac=_common.stat_mean(cap_BT, valid_BT))
+                 capfrac=common.stat_mean(cap_BT, valid_BT))
   return jnp.where(valid_BT, loss_BT, 0.0), metrics
 
 

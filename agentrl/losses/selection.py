@@ -17,8 +17,8 @@ the loss mask is 0, and inputs there (NaN padding included) are never read.
 import jax
 import jax.numpy as jnp
 
-from agentrl.advantages import estimators
 from agentrl.losses import schedules
+from agentrl import types
 
 SCOPES = ("batch", "row")
 
@@ -74,7 +74,7 @@ def max_variance_subset(value_B: jax.Array, *, group_size: int, k: int) -> jax.A
   [INF] Whether the kept rollouts' advantages are recomputed on the subset is the caller's
   choice; the paper's abstract does not say.
   """
-  x_PG = estimators.grouped(value_B, group_size)
+  x_PG = types.grouped(value_B, group_size)
   if not 1 <= k <= group_size:
     raise ValueError(f"k must be in [1, group_size={group_size}]; got {k}.")
   x_PG = x_PG - x_PG.mean(axis=1, keepdims=True)  # centring keeps the sums well conditioned

@@ -18,10 +18,10 @@ import math
 import jax
 import jax.numpy as jnp
 
-from agentrl.losses import _common
+from agentrl.losses import common
 from agentrl.losses import ratios
 
-Metrics = _common.Metrics
+Metrics = common.Metrics
 
 HOLDER_CLIP_MODES = ("sequence", "token", "sequence_w_clip")
 
@@ -35,7 +35,7 @@ def _pessimistic(log_ratio, clipped, adv):
 def _seq_ppo(log_ratio_B, adv_B, valid_B, lo: float, hi: float):
   """Pessimistic sequence-level PPO in log space: −A exp(min/max(M, clip(M, lo, hi)))."""
   selected_B = _pessimistic(log_ratio_B, jnp.clip(log_ratio_B, lo, hi), adv_B)
-  loss_B = -adv_B * jnp.exp(jnp.minimum(selected_B, _common.LOG_F32_MAX))
+  loss_B = -adv_B * jnp.exp(jnp.minimum(selected_B, common.LOG_F32_MAX))
   return jnp.where(valid_B, loss_B, 0.0)
 
 
@@ -51,9 +51,9 @@ def gspo_token(logp_BT: jax.Array, old_logp_BT: jax.Array, adv_BT: jax.Array,
   Metrics: `seq_ratio_*` are of s_i over rows (the value of every s_{i,t} of row i); the clip
   acts per token, so its fractions are over tokens (`clipfrac*`).
   """
-  valid_BT = _common.check(logp_BT, old_logp_BT, mask_BT)
-  _common.check_eps(eps_low, eps_high)
-  adv_BT = _common.token_adv(adv_BT, logp_BT)
+  valid_BT = common.check(logp_BT, old_logp_BT, mask_BT)
+  common.check_eps(eps_low, eps_high)
+  adv_BT = common.token_adv(adv_BT, logp_BT)
   ratio_BT = jnp.exp(ratios.sequence_token_log_ratio(logp_BT, old_logp_BT, mask_BT))
   loss1_BT = -adv_BT * ratio_BT
   loss2_BT = -adv_BT * jnp.clip(ratio_BT, 1.0 - eps_low, 1.0 + eps_high)
@@ -61,9 +61,9 @@ def gspo_token(logp_BT: jax.Array, old_logp_BT: jax.Array, adv_BT: jax.Array,
   # s_{i,t} has the value s_i on every token: its stats are the sequence ratio's, over rows
   # (`ratio_*` is the per-token π/π_old in every loss).
   valid_B = valid_BT.any(-1)
-  metrics = _common.ratio_metrics(ratio_BT.max(-1, where=valid_BT, initial=0.0), valid_B,
+  metrics = common.ratio_metrics(ratio_BT.max(-1, where=valid_BT, initial=0.0), valid_B,
                                   log_ratio_BT, valid_BT, seq=True)
-  metrics.update({k: _common.stat_mean(v, valid_BT) for k, v in dict(
+  metrics.update({k: common.stat_mean(v, valid_BT) for k, v in dict(
       clipfrac=loss2_BT > loss1_BT, clipfrac_high=(ratio_BT > 1 + eps_high) & (adv_BT > 0),
       clipfrac_low=(ratio_BT < 1 - eps_low) & (adv_BT < 0)).items()})
   return jnp.where(valid_BT, jnp.maximum(loss1_BT, loss2_BT), 0.0), metrics
@@ -77,17 +77,17 @@ def gspo(logp_BT: jax.Array, old_logp_BT: jax.Array, adv_B: jax.Array, mask_BT: 
   1 + eps_high)). Aggregate with "seq-mean" over non-empty rows.
   Ratio stats and fractions are over rows (`seq_*`).
   """
-  valid_BT = _common.check(logp_BT, old_logp_BT, mask_BT)
-  _common.check_eps(eps_low, eps_high)
+  valid_BT = common.check(logp_BT, old_logp_BT, mask_BT)
+  common.check_eps(eps_low, eps_high)
   if not eps_low < 1.0:
     raise ValueError(f"GSPO needs eps_low < 1 (window [1 - eps_low, 1 + eps_high]); got {eps_low}.")
-  adv_B, valid_B = _common.seq_adv(adv_B, mask_BT), valid_BT.any(-1)
+  adv_B, valid_B = common.seq_adv(adv_B, mask_BT), valid_BT.any(-1)
   log_ratio_B = jnp.minimum(ratios.sequence_log_ratio(logp_BT, old_logp_BT, mask_BT), 10.0)
   loss_B = _seq_ppo(log_ratio_B, adv_B, valid_B, math.log(1 - eps_low), math.log(1 + eps_high))
   ratio_B = jnp.exp(log_ratio_B)
   high_B, low_B = (ratio_B > 1 + eps_high) & (adv_B > 0), (ratio_B < 1 - eps_low) & (adv_B < 0)
   log_ratio_BT = ratios.token_log_ratio(logp_BT, old_logp_BT, mask_BT, clamp=None)
-  return loss_B, _common.ratio_metrics(ratio_B, valid_B, log_ratio_BT, valid_BT, seq=True,
+  return loss_B, common.ratio_metrics(ratio_B, valid_B, log_ratio_BT, valid_BT, seq=True,
                                        clipfrac=high_B | low_B, clipfrac_high=high_B,
                                        clipfrac_low=low_B)
 
@@ -104,9 +104,9 @@ def gmpo(logp_BT: jax.Array, old_logp_BT: jax.Array, adv_B: jax.Array, mask_BT: 
   counts A > 0 tokens below it, where the clip changes nothing. `seq_ratio_*` are of the
   unclipped geometric-mean ratio.
   """
-  valid_BT = _common.check(logp_BT, old_logp_BT, mask_BT)
-  _common.check_eps(eps_low, eps_high)
-  adv_B, valid_B = _common.seq_adv(adv_B, mask_BT), valid_BT.any(-1)
+  valid_BT = common.check(logp_BT, old_logp_BT, mask_BT)
+  common.check_eps(eps_low, eps_high)
+  adv_B, valid_B = common.seq_adv(adv_B, mask_BT), valid_BT.any(-1)
   log_ratio_BT = ratios.token_log_ratio(logp_BT, old_logp_BT, mask_BT, clamp=None)
   clipped_BT = jnp.clip(log_ratio_BT, -eps_low, eps_high)
   adv_BT = jnp.broadcast_to(adv_B[:, None], log_ratio_BT.shape)
@@ -114,11 +114,11 @@ def gmpo(logp_BT: jax.Array, old_logp_BT: jax.Array, adv_B: jax.Array, mask_BT: 
   length_B = jnp.maximum(valid_BT.sum(-1).astype(jnp.float32), 1.0)
   loss_B = jnp.where(valid_B, -adv_B * jnp.exp(selected_BT.sum(-1) / length_B), 0.0)
   ratio_B = jnp.exp(log_ratio_BT.sum(-1) / length_B)
-  metrics = _common.ratio_metrics(ratio_B, valid_B, log_ratio_BT, valid_BT, seq=True)
+  metrics = common.ratio_metrics(ratio_B, valid_B, log_ratio_BT, valid_BT, seq=True)
   metrics.update(
-      clipfrac=_common.stat_mean(selected_BT != log_ratio_BT, valid_BT),
-      clipfrac_high=_common.stat_mean((log_ratio_BT > eps_high) & (adv_BT > 0), valid_BT),
-      clipfrac_low=_common.stat_mean((log_ratio_BT < -eps_low) & (adv_BT < 0), valid_BT))
+      clipfrac=common.stat_mean(selected_BT != log_ratio_BT, valid_BT),
+      clipfrac_high=common.stat_mean((log_ratio_BT > eps_high) & (adv_BT > 0), valid_BT),
+      clipfrac_low=common.stat_mean((log_ratio_BT < -eps_low) & (adv_BT < 0), valid_BT))
   return loss_B, metrics
 
 
@@ -156,13 +156,13 @@ def holder_po(logp_BT: jax.Array, old_logp_BT: jax.Array, adv_B: jax.Array, mask
   a GRPO-like gradient, p → 0 GSPO's ratio, p > 1 concentrates on tokens whose probability rose.
   On-policy the gradient is −A_i/|y_i| Σ_t ∇logp_t for every p and every clip mode.
   """
-  valid_BT = _common.check(logp_BT, old_logp_BT, mask_BT)
+  valid_BT = common.check(logp_BT, old_logp_BT, mask_BT)
   if clip_mode not in HOLDER_CLIP_MODES:
     raise ValueError(f"Unknown HölderPO clip_mode {clip_mode!r}; use one of {HOLDER_CLIP_MODES}.")
   if not 0.0 <= eps_low < 1.0 or eps_high < 0.0:
     raise ValueError(f"Need 0 <= eps_low < 1 and eps_high >= 0; got {eps_low}, {eps_high}.")
   lo, hi = math.log1p(-eps_low), math.log1p(eps_high)
-  adv_B, valid_B = _common.seq_adv(adv_B, mask_BT), valid_BT.any(-1)
+  adv_B, valid_B = common.seq_adv(adv_B, mask_BT), valid_BT.any(-1)
   log_ratio_BT = ratios.token_log_ratio(logp_BT, old_logp_BT, mask_BT, clamp=None)
   adv_BT = jnp.broadcast_to(adv_B[:, None], log_ratio_BT.shape)
   if clip_mode == "token":
@@ -170,25 +170,25 @@ def holder_po(logp_BT: jax.Array, old_logp_BT: jax.Array, adv_B: jax.Array, mask
     clipped_BT = jnp.clip(log_ratio_BT, lo, hi)
     selected_BT = _pessimistic(log_ratio_BT, clipped_BT, adv_BT)
     selected_B = ratios.holder_log_ratio(selected_BT, mask_BT, p=p)
-    loss_B = -adv_B * jnp.exp(jnp.minimum(selected_B, _common.LOG_F32_MAX))
+    loss_B = -adv_B * jnp.exp(jnp.minimum(selected_B, common.LOG_F32_MAX))
     loss_B = jnp.where(valid_B, loss_B, 0.0)
     fracs = dict(clipfrac=selected_BT != log_ratio_BT,  # the clipped ℓ̂ is the one taken
                  clipfrac_high=(log_ratio_BT > hi) & (adv_BT > 0),
                  clipfrac_low=(log_ratio_BT < lo) & (adv_BT < 0))
-    fracs = {k: _common.stat_mean(v, valid_BT) for k, v in fracs.items()}
+    fracs = {k: common.stat_mean(v, valid_BT) for k, v in fracs.items()}
   else:
     token_BT, token_fracs = log_ratio_BT, {}
     if clip_mode == "sequence_w_clip":
       # Masked entries are 0, inside the window, so they stay 0.
       token_BT = jnp.clip(log_ratio_BT, -math.log1p(eps_low), hi)
-      token_fracs["clipfrac"] = _common.stat_mean(token_BT != log_ratio_BT, valid_BT)
+      token_fracs["clipfrac"] = common.stat_mean(token_BT != log_ratio_BT, valid_BT)
     holder_B = ratios.holder_log_ratio(token_BT, mask_BT, p=p)
     loss_B = _seq_ppo(holder_B, adv_B, valid_B, lo, hi)
     fracs = dict(seq_clipfrac=(holder_B > hi) | (holder_B < lo),
                  seq_clipfrac_high=(holder_B > hi) & (adv_B > 0),
                  seq_clipfrac_low=(holder_B < lo) & (adv_B < 0))
-    fracs = {k: _common.stat_mean(v, valid_B) for k, v in fracs.items()} | token_fracs
-  ratio_B = jnp.exp(jnp.minimum(holder_B, _common.LOG_F32_MAX))
-  metrics = _common.ratio_metrics(ratio_B, valid_B, log_ratio_BT, valid_BT, seq=True)
+    fracs = {k: common.stat_mean(v, valid_B) for k, v in fracs.items()} | token_fracs
+  ratio_B = jnp.exp(jnp.minimum(holder_B, common.LOG_F32_MAX))
+  metrics = common.ratio_metrics(ratio_B, valid_B, log_ratio_BT, valid_BT, seq=True)
   metrics.update(fracs, holder_p=jax.lax.stop_gradient(jnp.asarray(p, jnp.float32)))
   return loss_B, metrics

@@ -21,21 +21,21 @@ Both keep verl's dual-clip PPO form (`policy.ppo_clip`) and change only the wind
 import jax
 import jax.numpy as jnp
 
-from agentrl.losses import _common
+from agentrl.losses import common
 from agentrl.losses import policy
 from agentrl.losses import ratios
 
-Metrics = _common.Metrics
+Metrics = common.Metrics
 
 
 def _adaptive_ppo(logp_BT, old_logp_BT, adv_BT, mask_BT, eps_low_BT, eps_high_BT, dual_clip,
                   ratio_fn=None):
   """verl's dual-clip PPO with a per-token window; `ratio_fn(ratio_BT)` may reshape A first."""
-  valid_BT = _common.check(logp_BT, old_logp_BT, mask_BT)
+  valid_BT = common.check(logp_BT, old_logp_BT, mask_BT)
   if dual_clip is not None and not dual_clip > 1.0:
     raise ValueError(f"dual_clip must be > 1 (the dual-clip PPO bound c); got {dual_clip}.")
-  adv_BT = _common.token_adv(adv_BT, logp_BT)
-  log_ratio_BT = ratios.token_log_ratio(logp_BT, old_logp_BT, mask_BT, clamp=_common.CLAMP)
+  adv_BT = common.token_adv(adv_BT, logp_BT)
+  log_ratio_BT = ratios.token_log_ratio(logp_BT, old_logp_BT, mask_BT, clamp=common.CLAMP)
   ratio_BT = jnp.exp(log_ratio_BT)
   if ratio_fn is not None:
     adv_BT = jax.lax.stop_gradient(ratio_fn(jax.lax.stop_gradient(ratio_BT), adv_BT))
@@ -44,8 +44,8 @@ def _adaptive_ppo(logp_BT, old_logp_BT, adv_BT, mask_BT, eps_low_BT, eps_high_BT
   loss_BT, metrics = policy.ppo_terms(
       ratio_BT, jnp.clip(ratio_BT, lo_BT, hi_BT), adv_BT, dual_clip, ratio_BT > hi_BT,
       ratio_BT < lo_BT, valid_BT, log_ratio_BT)
-  metrics["eps_low_mean"] = _common.stat_mean(eps_low_BT, valid_BT)
-  metrics["eps_high_mean"] = _common.stat_mean(eps_high_BT, valid_BT)
+  metrics["eps_low_mean"] = common.stat_mean(eps_low_BT, valid_BT)
+  metrics["eps_high_mean"] = common.stat_mean(eps_high_BT, valid_BT)
   return loss_BT, metrics
 
 
@@ -157,7 +157,7 @@ def hapo_ppo(logp_BT: jax.Array, old_logp_BT: jax.Array, adv_BT: jax.Array, mask
   tokens inside the band get A (1 + adv_beta h_hat) on-policy too.
   Metrics add `entropy_signal_mean` (mean h_hat), `eps_low_mean`, `eps_high_mean`.
   """
-  _common.check_eps(eps_low, eps_high)
+  common.check_eps(eps_low, eps_high)
   if entropy_BT.shape != mask_BT.shape:
     raise ValueError(f"entropy_BT must match mask_BT {mask_BT.shape}; got {entropy_BT.shape}.")
   h_hat_BT = hapo_entropy_signal(entropy_BT, mask_BT, pivot=pivot, signed=signed)
@@ -167,7 +167,7 @@ def hapo_ppo(logp_BT: jax.Array, old_logp_BT: jax.Array, adv_BT: jax.Array, mask
       adv, h_hat_BT, ratio_BT, eps_low_BT, eps_high_BT, adv_beta=adv_beta)
   loss_BT, metrics = _adaptive_ppo(logp_BT, old_logp_BT, adv_BT, mask_BT, eps_low_BT,
                                    eps_high_BT, dual_clip, ratio_fn=redistribute)
-  metrics["entropy_signal_mean"] = _common.stat_mean(h_hat_BT, mask_BT > 0)
+  metrics["entropy_signal_mean"] = common.stat_mean(h_hat_BT, mask_BT > 0)
   return loss_BT, metrics
 
 
@@ -189,13 +189,13 @@ def etr_ppo(logp_BT: jax.Array, old_logp_BT: jax.Array, adv_BT: jax.Array, mask_
   required; alpha = beta = 0 is `policy.ppo_clip` exactly. The scale is data (detached).
   Aggregate with token-mean (GRPO's verl default) or the caller's mode. Metrics add `eps_low_mean`, `eps_high_mean`.
   """
-  _common.check_eps(eps_low, eps_high)
+  common.check_eps(eps_low, eps_high)
   if alpha < 0 or beta < 0:
     raise ValueError(f"ETR alpha and beta must be >= 0; got {alpha}, {beta}.")
   if group_var_B.shape != mask_BT.shape[:1]:
     raise ValueError(f"group_var_B must have shape {mask_BT.shape[:1]}; got "
                      f"{group_var_B.shape}.")
-  adv_full_BT = jax.lax.stop_gradient(_common.token_adv(adv_BT, logp_BT))
+  adv_full_BT = jax.lax.stop_gradient(common.token_adv(adv_BT, logp_BT))
   var_B1 = jax.lax.stop_gradient(group_var_B.astype(jnp.float32))[:, None]
   scale_BT = (1.0 + alpha * jnp.abs(adv_full_BT)) * (1.0 + beta * 4.0 * var_B1)
   return _adaptive_ppo(logp_BT, old_logp_BT, adv_BT, mask_BT, eps_low * scale_BT,

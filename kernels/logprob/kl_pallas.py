@@ -71,7 +71,7 @@ def forward_stats(h_s, w_s, h_t, w_t, *, kind: str, temperature: float = 1.0,
                   block_sizes: BlockSizes = BlockSizes(), interpret=False) -> kl_common.KLStats:
   """Per-token full-vocabulary `KLStats` (1-D `[N]` fields)."""
   (n, d_s), d_t, v = h_s.shape, h_t.shape[1], w_s.shape[1]
-  tn, tv = pallas_tpu._tiles(n, v, block_sizes)
+  tn, tv = pallas_tpu.tiles(n, v, block_sizes)
   row_spec = pl.BlockSpec((tn, 1), lambda i, j: (i, 0))
   stats = pl.pallas_call(
       functools.partial(_fwd_kernel, tv=tv, v=v, temperature=temperature, kind=kind),
@@ -80,7 +80,7 @@ def forward_stats(h_s, w_s, h_t, w_t, *, kind: str, temperature: float = 1.0,
       out_specs=[row_spec] * 5,
       out_shape=[jax.ShapeDtypeStruct((n, 1), jnp.float32)] * 5,
       scratch_shapes=[pltpu.VMEM((tn, 1), jnp.float32)] * 5,
-      compiler_params=pallas_tpu._params(block_sizes, ("parallel", "arbitrary")),
+      compiler_params=pallas_tpu.compiler_params(block_sizes, ("parallel", "arbitrary")),
       interpret=interpret,
       name="distill_kl_fwd",
   )(h_s, w_s, h_t, w_t)
@@ -141,10 +141,10 @@ def backward(h_s, w_s, h_t, w_t, lse_s, lse_t, kl, g, *, kind: str, temperature:
              block_sizes: BlockSizes = BlockSizes(), interpret=False):
   """Float32 `(dh_s, dW_s)`; same contract as `kl_xla.backward`."""
   (n, d_s), d_t, v = h_s.shape, h_t.shape[1], w_s.shape[1]
-  tn, tv = pallas_tpu._tiles(n, v, block_sizes)
+  tn, tv = pallas_tpu.tiles(n, v, block_sizes)
   tok_N4 = jnp.stack([lse_s, lse_t, kl, g], axis=1).astype(jnp.float32)
   kw = dict(tv=tv, v=v, temperature=temperature, kind=kind)
-  params = pallas_tpu._params(block_sizes, ("parallel", "arbitrary"))
+  params = pallas_tpu.compiler_params(block_sizes, ("parallel", "arbitrary"))
   grid = (pl.cdiv(n, tn), pl.cdiv(v, tv))
   dh = pl.pallas_call(
       functools.partial(_dh_kernel, **kw),

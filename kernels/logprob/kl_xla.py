@@ -32,14 +32,14 @@ def _half_budget(block_sizes: BlockSizes) -> BlockSizes:
 
 
 def _logits(h_nD, w_DV, temperature):
-  return common.transform(xla._logits(h_nD, w_DV), temperature=temperature, softcap=None)[0]
+  return common.transform(xla.chunk_logits(h_nD, w_DV), temperature=temperature, softcap=None)[0]
 
 
 def forward_stats(h_s, w_s, h_t, w_t, *, kind: str, temperature: float = 1.0,
                   block_sizes: BlockSizes = BlockSizes()) -> kl_common.KLStats:
   """Per-token full-vocabulary `KLStats` (1-D `[N]` fields)."""
   n, v = h_s.shape[0], w_s.shape[1]
-  rows = xla._rows(n, v, _half_budget(block_sizes))
+  rows = xla.chunk_rows(n, v, _half_budget(block_sizes))
 
   def one_chunk(args):
     hs_nD, ht_nD = args
@@ -47,7 +47,7 @@ def forward_stats(h_s, w_s, h_t, w_t, *, kind: str, temperature: float = 1.0,
                                       _logits(ht_nD, w_t, temperature), kind)
     return kl_common.tile_stats(z_a, z_b, True)
 
-  stats = jax.lax.map(one_chunk, (xla._chunk(h_s, rows), xla._chunk(h_t, rows)))
+  stats = jax.lax.map(one_chunk, (xla.split_rows(h_s, rows), xla.split_rows(h_t, rows)))
   return kl_common.KLStats(*(x.reshape(-1)[:n] for x in stats))
 
 
@@ -78,9 +78,9 @@ def _ds(hs, ws, ht, wt, valid, per_token, *, kind, temperature):
 def _backward_tokens(h_s, w_s, h_t, w_t, per_token, *, kind, temperature, block_sizes):
   n, d = h_s.shape
   v = w_s.shape[1]
-  rows = xla._rows(n, v, block_sizes)
+  rows = xla.chunk_rows(n, v, block_sizes)
   # Padded rows have g = 0, so they add nothing to dW.
-  xs = (xla._chunk(h_s, rows), xla._chunk(h_t, rows), [xla._chunk(x, rows) for x in per_token])
+  xs = (xla.split_rows(h_s, rows), xla.split_rows(h_t, rows), [xla.split_rows(x, rows) for x in per_token])
 
   def step(dw_VD, args):
     hs_nD, ht_nD, tok = args
@@ -141,7 +141,7 @@ def topk_forward(h_s, w_s, h_t, w_t, *, k: int, kind: str, temperature: float = 
   teacher's (temperature-scaled) logits there."""
   (n, d), v = h_s.shape, w_s.shape[1]
   # Per token: the teacher's V logits and the student's gathered k columns of W (D·k values).
-  rows = xla._rows(n, v + d * k, block_sizes)
+  rows = xla.chunk_rows(n, v + d * k, block_sizes)
 
   def one_chunk(args):
     hs_nD, ht_nD = args
@@ -149,7 +149,7 @@ def topk_forward(h_s, w_s, h_t, w_t, *, k: int, kind: str, temperature: float = 
     zs_nk, _ = _gathered_logits(hs_nD, w_s, ids_nk, temperature)
     return _kl_over_k(zs_nk, zt_nk, kind)[0][:, 0], ids_nk, zt_nk
 
-  kl, ids, zt = jax.lax.map(one_chunk, (xla._chunk(h_s, rows), xla._chunk(h_t, rows)))
+  kl, ids, zt = jax.lax.map(one_chunk, (xla.split_rows(h_s, rows), xla.split_rows(h_t, rows)))
   return kl.reshape(-1)[:n], ids.reshape(-1, k)[:n], zt.reshape(-1, k)[:n]
 
 
@@ -157,9 +157,9 @@ def topk_backward(h_s, w_s, ids_Nk, zt_Nk, kl, g, *, kind: str, temperature: flo
                   block_sizes: BlockSizes = BlockSizes()):
   """Float32 `(dh_s, dW_s)` of `Σ g·KL_topk`: gathered columns only, scatter-added into dW."""
   (n, d), v = h_s.shape, w_s.shape[1]
-  rows = xla._rows(n, 2 * d * ids_Nk.shape[1], block_sizes)  # gathered W and its dW, [D, n, k]
-  xs = (xla._chunk(h_s, rows), xla._chunk(ids_Nk, rows), xla._chunk(zt_Nk, rows),
-        xla._chunk(kl.astype(jnp.float32), rows), xla._chunk(g.astype(jnp.float32), rows))
+  rows = xla.chunk_rows(n, 2 * d * ids_Nk.shape[1], block_sizes)  # gathered W and its dW, [D, n, k]
+  xs = (xla.split_rows(h_s, rows), xla.split_rows(ids_Nk, rows), xla.split_rows(zt_Nk, rows),
+        xla.split_rows(kl.astype(jnp.float32), rows), xla.split_rows(g.astype(jnp.float32), rows))
 
   def step(dw_DV, args):
     hs_nD, ids_nk, zt_nk, kl_n, g_n = args

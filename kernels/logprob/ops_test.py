@@ -127,7 +127,7 @@ class TokenLogprobsTest(parameterized.TestCase):
   def test_xla_token_chunks_are_balanced(self):
     # 64 MiB of float32 logits hold 336 SmolLM2 rows (V = 49152); N = 4 x 255 = 1020 tokens
     # run as 4 chunks of 256 (4 padded rows), not 4 of 336 (324 padded rows of logits).
-    smollm2 = lambda n, **kw: xla._rows(n, 49152, xla.BlockSizes(**kw))
+    smollm2 = lambda n, **kw: xla.chunk_rows(n, 49152, xla.BlockSizes(**kw))
     self.assertEqual([smollm2(n) for n in (1020, 4096, 336, 337, 100)],
                      [256, 320, 336, 176, 100])
     self.assertEqual(smollm2(1020, rows=336), 336)           # an explicit size is kept

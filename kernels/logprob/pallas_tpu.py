@@ -37,14 +37,14 @@ class BlockSizes:
   vmem_limit_bytes: int | None = None
 
 
-def _tiles(n: int, v: int, block_sizes: BlockSizes):
+def tiles(n: int, v: int, block_sizes: BlockSizes):
   if block_sizes.rows % 8 or block_sizes.vocab % 128:
     raise ValueError(f"pallas_tpu.BlockSizes needs rows % 8 == 0 and vocab % 128 == 0 "
                      f"(TPU (8, 128) tiling), got {block_sizes}.")
   return min(block_sizes.rows, pl.cdiv(n, 8) * 8), min(block_sizes.vocab, pl.cdiv(v, 128) * 128)
 
 
-def _params(block_sizes: BlockSizes, semantics):
+def compiler_params(block_sizes: BlockSizes, semantics):
   return pltpu.CompilerParams(dimension_semantics=semantics,
                               vmem_limit_bytes=block_sizes.vmem_limit_bytes)
 
@@ -85,7 +85,7 @@ def forward_stats(hidden_ND, w_DV, targets_N, *, temperature: float = 1.0,
                   block_sizes: BlockSizes = BlockSizes(), interpret=False) -> common.Stats:
   """Per-token `Stats` over the columns of `w_DV` (targets outside `[0, V)` give t = 0)."""
   (n, d), v = hidden_ND.shape, w_DV.shape[1]
-  tn, tv = _tiles(n, v, block_sizes)
+  tn, tv = tiles(n, v, block_sizes)
   row_spec = pl.BlockSpec((tn, 1), lambda i, j: (i, 0))
   stats = pl.pallas_call(
       functools.partial(_fwd_kernel, tv=tv, v=v, temperature=temperature, softcap=softcap,
@@ -97,7 +97,7 @@ def forward_stats(hidden_ND, w_DV, targets_N, *, temperature: float = 1.0,
       out_specs=[row_spec] * 4,
       out_shape=[jax.ShapeDtypeStruct((n, 1), jnp.float32)] * 4,
       scratch_shapes=[pltpu.VMEM((tn, 1), jnp.float32)] * 4,
-      compiler_params=_params(block_sizes, ("parallel", "arbitrary")),
+      compiler_params=compiler_params(block_sizes, ("parallel", "arbitrary")),
       interpret=interpret,
       name="logprob_fwd",
   )(hidden_ND, w_DV, targets_N.astype(jnp.int32).reshape(n, 1))
@@ -158,7 +158,7 @@ def backward(hidden_ND, w_DV, targets_N, lse_N, mean_z_N, g_N, g_ent_N, *,
              block_sizes: BlockSizes = BlockSizes(), interpret=False):
   """Returns float32 `(dh_ND, dW_DV)`; same contract as `xla.backward`."""
   (n, d), v = hidden_ND.shape, w_DV.shape[1]
-  tn, tv = _tiles(n, v, block_sizes)
+  tn, tv = tiles(n, v, block_sizes)
   with_entropy = g_ent_N is not None
   g_ent_N = jnp.zeros_like(g_N) if g_ent_N is None else g_ent_N
   # One [N, 4] operand instead of four [N, 1] ones: fewer DMAs per grid step.
@@ -176,7 +176,7 @@ def backward(hidden_ND, w_DV, targets_N, lse_N, mean_z_N, g_N, g_ent_N, *,
       out_specs=pl.BlockSpec((tn, d), lambda i, j: (i, 0)),
       out_shape=jax.ShapeDtypeStruct((n, d), jnp.float32),
       scratch_shapes=[pltpu.VMEM((tn, d), jnp.float32)],
-      compiler_params=_params(block_sizes, ("parallel", "arbitrary")),
+      compiler_params=compiler_params(block_sizes, ("parallel", "arbitrary")),
       interpret=interpret,
       name="logprob_bwd_dh",
   )(hidden_ND, w_DV, y_N1, tok_N4)
@@ -190,7 +190,7 @@ def backward(hidden_ND, w_DV, targets_N, lse_N, mean_z_N, g_N, g_ent_N, *,
       out_specs=pl.BlockSpec((d, tv), lambda j, i: (0, j)),
       out_shape=jax.ShapeDtypeStruct((d, v), jnp.float32),
       scratch_shapes=[pltpu.VMEM((d, tv), jnp.float32)],
-      compiler_params=_params(block_sizes, ("parallel", "arbitrary")),
+      compiler_params=compiler_params(block_sizes, ("parallel", "arbitrary")),
       interpret=interpret,
       name="logprob_bwd_dw",
   )(hidden_ND, w_DV, y_N1, tok_N4)

@@ -40,7 +40,7 @@ class BlockSizes:
   cols: int | None = None     # vocab columns per backward chunk; None: from chunk_bytes
 
 
-def _chunk(x, rows: int):
+def split_rows(x, rows: int):
   """Pads the leading axis to a multiple of `rows` and reshapes to `[chunks, rows, ...]`."""
   n = x.shape[0]
   pad = (-n) % rows
@@ -49,7 +49,7 @@ def _chunk(x, rows: int):
   return x.reshape((n + pad) // rows, rows, *x.shape[1:])
 
 
-def _rows(n: int, v: int, block_sizes: BlockSizes) -> int:
+def chunk_rows(n: int, v: int, block_sizes: BlockSizes) -> int:
   rows = block_sizes.rows
   if rows is None:
     cap = max(8, block_sizes.chunk_bytes // (4 * v) // 8 * 8)
@@ -60,7 +60,7 @@ def _rows(n: int, v: int, block_sizes: BlockSizes) -> int:
   return min(rows, n)
 
 
-def _logits(h_nD, w_DV):
+def chunk_logits(h_nD, w_DV):
   return jnp.dot(h_nD, w_DV, preferred_element_type=jnp.float32)
 
 
@@ -69,15 +69,15 @@ def forward_stats(hidden_ND, w_DV, targets_N, *, temperature: float = 1.0,
                   block_sizes: BlockSizes = BlockSizes()) -> common.Stats:
   """Per-token `Stats` over the columns of `w_DV` (targets outside `[0, V)` give t = 0)."""
   n, v = hidden_ND.shape[0], w_DV.shape[1]
-  rows = _rows(n, v, block_sizes)
+  rows = chunk_rows(n, v, block_sizes)
   col_1V = jnp.arange(v, dtype=jnp.int32)[None, :]
 
   def one_chunk(args):
     h_nD, y_n = args
-    z_nV, _ = common.transform(_logits(h_nD, w_DV), temperature=temperature, softcap=softcap)
+    z_nV, _ = common.transform(chunk_logits(h_nD, w_DV), temperature=temperature, softcap=softcap)
     return common.tile_stats(z_nV, col_1V, y_n[:, None], True, with_entropy)
 
-  m, l, t, a = jax.lax.map(one_chunk, (_chunk(hidden_ND, rows), _chunk(targets_N, rows)))
+  m, l, t, a = jax.lax.map(one_chunk, (split_rows(hidden_ND, rows), split_rows(targets_N, rows)))
   return common.Stats(*(x.reshape(-1)[:n] for x in (m, l, t, a)))
 
 
@@ -122,7 +122,7 @@ def _backward_vocab(hidden_ND, w_DV, targets_N, lse_N, mean_z_N, g_N, g_ent_N, *
     w_Dc = jax.lax.dynamic_slice_in_dim(w_DV, start, cols, axis=1)
     col_1c = start + jnp.arange(cols, dtype=jnp.int32)[None, :]
     fresh_1c = col_1c >= c * cols
-    z_Nc, dz_ds = common.transform(_logits(hidden_ND, w_Dc), temperature=temperature,
+    z_Nc, dz_ds = common.transform(chunk_logits(hidden_ND, w_Dc), temperature=temperature,
                                    softcap=softcap)
     ds_Nc = common.dlogits(z_Nc, dz_ds, col_1c, y_n1, fresh_1c, lse, mean_z, g, g_ent)
     ds_Nc = ds_Nc.astype(w_DV.dtype)
@@ -139,18 +139,18 @@ def _backward_tokens(hidden_ND, w_DV, targets_N, lse_N, mean_z_N, g_N, g_ent_N, 
   """Loop over token chunks: each recomputes full-V logits and adds into the whole dW."""
   n, d = hidden_ND.shape
   v = w_DV.shape[1]
-  rows = _rows(n, v, block_sizes)
+  rows = chunk_rows(n, v, block_sizes)
   col_1V = jnp.arange(v, dtype=jnp.int32)[None, :]
   # Padded rows have g = g_ent = 0 and h = 0, so they add nothing to dW.
   per_token = [lse_N, mean_z_N, g_N] + ([] if g_ent_N is None else [g_ent_N])
-  xs = (_chunk(hidden_ND, rows), _chunk(targets_N, rows),
-        [_chunk(x.astype(jnp.float32), rows) for x in per_token])
+  xs = (split_rows(hidden_ND, rows), split_rows(targets_N, rows),
+        [split_rows(x.astype(jnp.float32), rows) for x in per_token])
 
   def step(dw_VD, args):
     h_nD, y_n, per_tok = args
     lse, mean_z, g = (x[:, None] for x in per_tok[:3])
     g_ent = per_tok[3][:, None] if g_ent_N is not None else None
-    z_nV, dz_ds = common.transform(_logits(h_nD, w_DV), temperature=temperature,
+    z_nV, dz_ds = common.transform(chunk_logits(h_nD, w_DV), temperature=temperature,
                                    softcap=softcap)
     ds_nV = common.dlogits(z_nV, dz_ds, col_1V, y_n[:, None], True, lse, mean_z, g, g_ent)
     # dS in the matmul dtype (bf16 on accelerators) with float32 accumulation, as Liger does.

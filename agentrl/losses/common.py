@@ -1,8 +1,9 @@
 # pylint: disable=invalid-name
-"""Private plumbing shared by the surrogate modules (policy, sequence, covariance).
+"""Plumbing shared by the loss modules (policy, sequence, covariance, distill, ...).
 
 Argument checks, advantage broadcasting and the detached metric helpers behind the metric
-conventions documented in `agentrl.losses.policy`. Not part of the public API.
+conventions documented in `agentrl.losses.policy`. For the loss modules; experiments call the
+losses themselves.
 """
 import chex
 import jax
