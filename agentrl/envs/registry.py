@@ -166,6 +166,7 @@ def _game_vocab(kwargs: dict) -> Vocab:
     return Vocab(seeds=200, bad=_GAME_BAD, size=160, byte_fallback=False)
   return Vocab(seeds=200, bad=_GAME_BAD)
 
+
 ENVS: dict[str, Row] = {
     "arithmetic": Row(
         arithmetic.ArithmeticEnv, {"digits": _DIGITS},

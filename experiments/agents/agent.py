@@ -125,7 +125,9 @@ def get_config(arg: str | None = None) -> mlc.ConfigDict:
     c.total_steps, c.task.closeness_reward, c.model.unroll_layers = 250, 0.5, True
     c.rollout.temperature = 0.7
     c.optim.update(lr=3e-4, warmup_steps=10)
-    c.loss.credit = "grpo"  # fastest (README.md here); smoke keeps A2TGPO + IGPO, the longest path
+    # Outcome GRPO learns fastest on this game (this folder's README.md); smoke keeps
+    # A2TGPO + IGPO, the longest code path.
+    c.loss.credit = "grpo"
   c.eval.update(num_problems=300, every=25)
   if arg.preset == "smollm2":  # SmolLM2-135M-Instruct, a few CPU steps.
     c.task.update(max_turns=4, style="full", chat_template=True)
