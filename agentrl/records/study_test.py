@@ -12,6 +12,13 @@ from agentrl.records import study
 
 class StudyTest(absltest.TestCase):
 
+  def test_experiment_module_finds_the_family_folder(self):
+    self.assertEqual(study.experiment_module("grpo"), "experiments.policy.grpo")
+    self.assertEqual(study.experiment_module("agent"), "experiments.agents.agent")
+    self.assertEqual(study.experiment_module("eval"), "experiments.eval")
+    with self.assertRaisesRegex(ValueError, r"no single experiment named 'nope'.*known: .*grpo"):
+      study.experiment_module("nope")
+
   def test_mean_std_is_over_seeds_with_ddof_1(self):
     self.assertEqual(study.mean_std([0.40, 0.44, 0.42], ".1f", 100.0), "42.0 ± 2.0")
     self.assertEqual(study.mean_std([3.0], ".0f"), "3 ± 0")

@@ -15,7 +15,7 @@ docs/algorithms.md §4.1-§4.2, as verl:
   * loss = PPO clipped surrogate (token-mean) + vf_coef * clipped value loss (token-mean),
     with separate Adam learning rates (and global-norm clipping) for policy and critic.
 
-Presets are agentrl.harness.recipe.rl_config's (cpu by default, smollm2, pod; add smoke for a
+Presets are agentrl.harness.rl_config's (cpu by default, smollm2, pod; add smoke for a
 CI-sized run). No group baseline is used, so rollout.group_size may be 1.
 
 This file is the fork unit: the config, the loss composition, the advantage step and the

@@ -20,7 +20,7 @@ lambda and the replay batch live in the train state, so checkpoints hold them an
 run continues exactly. One update per RL step (updates.epochs = updates.minibatches = 1): the
 replay is the whole previous rollout batch.
 
-Presets are agentrl.harness.recipe.rl_config's (cpu by default, smollm2, pod; add smoke for a
+Presets are agentrl.harness.rl_config's (cpu by default, smollm2, pod; add smoke for a
 CI-sized run). This file is the fork unit: the config, the loss composition, the advantage step and
 the loop are all here; the building blocks come from agentrl.harness.recipe and agentrl.train.loop.
 """
