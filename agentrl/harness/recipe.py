@@ -380,10 +380,12 @@ def evaluator(config: mlc.ConfigDict, engine, tok, make_env) -> Callable:
   return evaluate
 
 
-# ---- The efficiency and length experiments (docs/algorithms.md §12): experiments/efficiency/
-# train on the verbose-answer arithmetic task by default (`use_verbose_task`), log the held-out
-# greedy response length next to the success (`length_evaluator`), and read per-row rewards
-# through the helpers below.
+# ---------------------------------------------------------------------------------------------
+# The efficiency and length experiments (docs/algorithms.md §12).
+# ---------------------------------------------------------------------------------------------
+# experiments/efficiency/ train on the verbose-answer arithmetic task by default
+# (`use_verbose_task`), log the held-out greedy response length next to the success
+# (`length_evaluator`), and read per-row rewards through the helpers below.
 
 # Prompt (BOS + "123+456=") + a budget prompt "[12]" + the longest response, rounded up.
 VERBOSE_MAX_LEN = 32

@@ -193,10 +193,10 @@ class Result:
   steps_run: int = 0                       # steps this process ran (0: it was already done)
 
 
-
 # ---- When the loop stops a run: every update skipped, or a collapsed policy, for many steps.
 # A diverged run or a collapsed one (a deterministic policy with an exactly zero gradient, which
 # RL cannot move) only wastes compute; `run` counts consecutive such steps with `unhealthy`.
+
 
 class TrainingStopped(RuntimeError):
   """The run diverged or collapsed; the message says why and which checkpoint to go back to."""
@@ -221,6 +221,7 @@ STOP_ADVICE = {
 
 
 # ---- Splitting a scored batch into the update's minibatches.
+
 
 def minibatches(batch: types.Batch, *, num: int, rng: jax.Array | None) -> list[types.Batch]:
   """Splits the rows into `num` equal minibatches, shuffled by `rng` (None: in order)."""
