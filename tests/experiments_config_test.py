@@ -41,7 +41,7 @@ class PresetTest(parameterized.TestCase):
     module = _module(name)
     for arg in (None, "smoke"):
       config = module.get_config(arg)
-      leaves = {path for path, _ in configs.leaves(config)}  # pylint: disable=protected-access
+      leaves = {path for path, _ in configs.leaves(config)}
       covered = {path for path in leaves
                  if any(path == key or path.startswith(key + ".") for key in module.SCHEMA)}
       self.assertEqual(leaves - covered, set(), name)

@@ -104,7 +104,7 @@ class ToyEnv:
     elif action == "segfault":
       ctypes.string_at(0)
     elif action == "exit":
-      os._exit(139)  # pylint: disable=protected-access
+      os._exit(139)  # the standard library's exit without cleanup: a worker that just dies
     elif action == "raise":
       raise ValueError("toy failure")
     elif action.startswith("print "):
