@@ -105,7 +105,7 @@ def task_tokenizer(tc: mlc.ConfigDict) -> tokenizer_lib.Tokenizer:
   vocab = row.vocab(kwargs) if callable(row.vocab) else row.vocab
   if not isinstance(vocab, registry.Vocab):
     return vocab
-  env = make_task(tc)()
+  env = registry.factory(tc)()  # the row and its arguments were checked above
   lines = [env.system_prompt] if vocab.system and getattr(env, "system_prompt", "") else []
   lines += _episode_texts(env, range(vocab.seeds), bad=vocab.bad,
                           demonstrations=row.sft == "demonstrations")
