@@ -1,7 +1,7 @@
 # pylint: disable=invalid-name
 r"""Credit-assignment study: outcome-only GRPO vs turn-level credit on multi-turn tasks.
 
-  python scripts/credit_study.py --out=runs/credit_study          # 7 methods x 3 seeds
+  python scripts/credit_study.py --out=runs/credit_study          # 8 methods x 3 seeds
   python scripts/credit_study.py --out=/tmp/cs --methods=grpo --seeds=1 --steps=4
   python scripts/credit_study.py --task=tool_use --out=runs/tool_study --steps=75
 
@@ -20,7 +20,11 @@ warm start, at 36.7% held-out, that experiments/agents/README.md's study started
   siop         SIOP: the group's own final answers as references (no gold), their likelihood
                gain per turn, one group-pooled z-score (lambda 0.5, 3 references);
   infopo       InfoPO: outcome GRPO + the gated counterfactual-observation information.
-  mapo         MAPO: the outcome's z-score and percent deviation mixed by the group's certainty.
+  mapo         MAPO (arXiv 2603.06194): Monte-Carlo returns of the env's per-step progress
+               signal plus its turn rewards, turn-level and batch-level z-scores mixed 1:1
+               (this game sets no progress signal: the returns are the outcome).
+  certainty_mix  MAPO of arXiv 2509.18849: the outcome's z-score and percent deviation mixed
+               by the group's certainty.
 
 --task=tool_use: every run is `python -m experiments.agents.matchtir` (the multi-turn tool-use env
 with gold call traces, the tiny model warm-started by SFT on its demonstrations) at Adam 1e-4,
@@ -61,6 +65,7 @@ TASKS = {
         "siop": ["--config.loss.credit=siop"],
         "infopo": ["--config.loss.credit=infopo"],
         "mapo": ["--config.loss.credit=mapo"],
+        "certainty_mix": ["--config.loss.credit=certainty_mix"],
     }, ["--config.task.closeness_reward=0", "--config.sft.eval_every=10"],
         "hidden-rule guessing game"),
     "tool_use": ("matchtir", {

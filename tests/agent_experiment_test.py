@@ -3,10 +3,11 @@
 
 Two prompts x G = 2 trajectories of two model turns each (token layout below). For every
 credit: prompt and observation tokens get exactly 0, and a group whose trajectories are
-identical (same rewards, same probes, same states) gets exactly 0. GiGPO's step groups come
-from the transcripts the turns start from; IGPO's, SIOP's and InfoPO's advantages are their
-`agentrl.credit` modules'; SIOP's answers, references and probes and InfoPO's counterfactual
-transcripts are built from the trajectories.
+identical (same rewards, same probes, same states) gets exactly 0 (MAPO, whose batch-level
+normalisation compares across groups: equal advantages). GiGPO's step groups come from the
+transcripts the turns start from; IGPO's, SIOP's, InfoPO's and MAPO's advantages are their
+`agentrl.credit` modules'; MAPO's turn rewards and progress, SIOP's answers, references and
+probes and InfoPO's counterfactual transcripts are built from the trajectories.
 """
 import importlib
 import types as pytypes
@@ -21,6 +22,7 @@ import numpy as np
 from agentrl.advantages import estimators
 from agentrl.credit import igpo
 from agentrl.credit import infopo
+from agentrl.credit import mapo
 from agentrl.credit import probes
 from agentrl.credit import siop
 from agentrl.envs import hidden_rule
@@ -56,12 +58,13 @@ def _batch(reward_B):
       reward_B=jnp.asarray(reward_B, jnp.float32))
 
 
-def _traj(tokens, turn_rewards):
+def _traj(tokens, turn_rewards, infos=()):
   T = len(tokens)
   return agent_loop.Trajectory(
       tokens=np.asarray(tokens, np.int32), loss_mask=MASK[:T].copy(), turn=TURN[:T].copy(),
       sampler_logp=np.zeros(T, np.float32), turn_rewards=list(turn_rewards),
-      reward=float(sum(turn_rewards)), done=True, truncated=False, prompt_len=2)
+      reward=float(sum(turn_rewards)), done=True, truncated=False, prompt_len=2,
+      infos=list(infos))
 
 
 # Group 0: two trajectories that differ in turn 1 only (one solves); group 1: identical.
@@ -109,6 +112,8 @@ def _extras(credit):
   if credit == "gigpo":
     return {k: jnp.asarray(v) for k, v in
             probes.step_groups(TRAJS, group_size=2, max_turns=U).items()}
+  if credit == "mapo":
+    return {k: jnp.asarray(v) for k, v in probes.turn_signals(TRAJS, max_turns=U).items()}
   if credit == "siop":
     return _siop_extras()
   if credit == "infopo":
@@ -120,25 +125,46 @@ def _extras(credit):
 
 class CreditTest(parameterized.TestCase):
 
-  @parameterized.parameters("a2tgpo_igpo", "igpo", "gigpo", "siop", "infopo", "mapo", "grpo")
+  @parameterized.parameters(*agent.CREDITS)
   def test_masked_tokens_and_identical_groups_get_zero(self, credit):
     fn = agent.make_advantage_fn(_config(credit))
     out, _ = fn(_batch(REWARD), _extras(credit))
     adv_BT = np.asarray(out.adv_BT)
     np.testing.assert_array_equal(adv_BT[:, MASK == 0], 0.0)
-    np.testing.assert_array_equal(adv_BT[2:], 0.0)        # the identical group
+    if credit == "mapo":   # the batch-level z-score ranks the group below the solving row
+      np.testing.assert_array_equal(adv_BT[2], adv_BT[3])
+      self.assertLess(adv_BT[2, 2], 0.0)
+    else:
+      np.testing.assert_array_equal(adv_BT[2:], 0.0)      # the identical group
     self.assertGreater(np.abs(adv_BT[:2]).max(), 0.1)      # the other one has signal
     self.assertGreater(adv_BT[0, 5], adv_BT[1, 5])         # the solving turn is preferred
 
-  def test_mapo_mixes_z_score_and_percent_deviation_by_certainty(self):
+  def test_certainty_mix_mixes_z_score_and_percent_deviation(self):
     # One group of 4 with 3 successes: p = 3/4, lambda = 1 - 4 p (1 - p) = 1/4; z-scores
     # (unbiased std 1/2) [1/2 x3, -3/2], percent deviations (R - 3/4) / (3/4) [1/3 x3, -1].
-    config = _config("mapo")
+    config = _config("certainty_mix")
     config.rollout.group_size = 4
     out, _ = agent.make_advantage_fn(config)(_batch([1.0, 1.0, 1.0, 0.0]), None)
     want_B = 0.75 * np.array([0.5, 0.5, 0.5, -1.5]) + 0.25 * np.array([1 / 3, 1 / 3, 1 / 3, -1])
     np.testing.assert_allclose(np.asarray(out.adv_BT)[:, MASK > 0],
                                np.repeat(want_B[:, None], int(MASK.sum()), axis=1), rtol=1e-5)
+
+  def test_mapo_is_the_credit_library(self):
+    # Progress 1 on row 1's first turn: its return there is 0.5 x 1 = 0.5, row 0's is 1.
+    trajs = [TRAJS[0], _traj(TRAJS[1].tokens, [0.0, 0.0], [{"progress": 1.0}, {}]), *TRAJS[2:]]
+    e = {k: jnp.asarray(v) for k, v in probes.turn_signals(trajs, max_turns=U).items()}
+    config = _config("mapo")
+    config.loss.update(progress_coef=0.5, turn_weight=0.3)
+    out, metrics = agent.make_advantage_fn(config)(_batch(REWARD), e)
+    batch = _batch(REWARD)
+    adv_BU = mapo.mapo(e["env_reward_BU"], e["progress_BU"], e["turn_mask_BU"], group_size=2,
+                       progress_coef=0.5, turn_weight=0.3)
+    np.testing.assert_array_equal(
+        out.adv_BT, estimators.broadcast_turn_to_tokens(adv_BU, batch.turn_BT,
+                                                        batch.loss_mask_BT))
+    # Turn 0 of group 0: returns 1 and 0.5 -> turn-level +-1/sqrt(2).
+    self.assertGreater(float(adv_BU[0, 0]), float(adv_BU[1, 0]))
+    np.testing.assert_allclose(metrics["progress_mean"], 1 / 8)
 
   def test_igpo_is_the_credit_library(self):
     out, _ = agent.make_advantage_fn(_config("igpo"))(_batch(REWARD), _extras("igpo"))
@@ -230,6 +256,16 @@ class HostExtrasTest(absltest.TestCase):
     np.testing.assert_allclose(cf_logp_BT[:, TURN == 1], want_BT[:, TURN == 1], atol=1e-6)
     np.testing.assert_array_equal(cf_logp_BT[:, TURN < 1], logp_BT[:, TURN < 1])
     self.assertGreater(np.abs(np.asarray(cf_logp_BT - logp_BT)).max(), 1e-4)
+
+  def test_turn_signals_read_rewards_progress_and_turns(self):
+    trajs = [_traj(TRAJS[0].tokens, [0.0, 1.0], [{"progress": 1.0}, {"progress": 0.25}]),
+             _traj(TRAJS[1].tokens, [0.5], [{"progress": None}]),
+             _traj([5, 6], [], []),
+             _traj(TRAJS[2].tokens, [0.0, 0.0, 2.0], [{}, {"progress": 1.0}, {}])]
+    out = probes.turn_signals(trajs, max_turns=2)
+    np.testing.assert_array_equal(out["env_reward_BU"], [[0, 1], [0.5, 0], [0, 0], [0, 0]])
+    np.testing.assert_array_equal(out["progress_BU"], [[1, 0.25], [0, 0], [0, 0], [0, 1]])
+    np.testing.assert_array_equal(out["turn_mask_BU"], [[1, 1], [1, 0], [0, 0], [1, 1]])
 
   def test_step_groups_follow_the_transcripts(self):
     groups = probes.step_groups(TRAJS, group_size=2, max_turns=3)

@@ -1,71 +1,121 @@
 # pylint: disable=invalid-name
-"""MAPO: mixed advantage policy optimisation (Huang et al. 2025, arXiv 2509.18849).
+"""MAPO: mixed advantage policy optimisation for long-horizon multi-turn dialogue (Zhang, Sun,
+Su, Yang, Pan, Chen, Zhang 2026, arXiv 2603.06194). Docs: docs/algorithms.md §5.8.
 
-A_i = (1 - lambda(p)) (R_i - mu) / (sigma + eps) + lambda(p) (R_i - mu) / (mu + eps), with mu
-and sigma (unbiased) the group's reward mean and std and p the group's *trajectory certainty*,
-the fraction of its G rollouts whose reward equals 1. For groups that are nearly all right or
-all wrong (p near 0 or 1) the percent deviation (R - mu) / mu replaces the z-score, whose
-division by a tiny sigma inflates near-certain groups ("advantage reversion / mirror").
+Critic-free turn credit without turn-level group sampling (no branching from a shared state):
+a judge scores every turn (dense process feedback), Monte-Carlo returns carry later turns'
+scores back, and the advantage mixes a turn-level and a batch-level normalisation of those
+returns. Per trajectory i (rows [p*G, (p+1)*G) are prompt p's G trajectories) and turn k:
 
-Official code: WenkeHuang/MAPO (read at commit debcfd3), `code/verl/trainer/ray_trainer.py`,
-estimator `grpomixpro` ("Proposed Method"): the std weight is 4 p (1 - p) and the mean weight
-lambda(p) = 1 - 4 p (1 - p) [code]; `compute_grpo_outcome_advantage` (z-score, eps 1e-6) and
-`compute_grpo_mean_outcome_advantage` ((R - mu) / (mu + eps), and p from the count of rewards
-exactly 1.0) in `code/verl/trainer/core_algos.py`. The `grpomixair` ablation uses the linear
-lambda(p) = 1 - 2 min(p, 1 - p) (`weighting="linear"`). Both branches assert G > 1.
-Docs: docs/algorithms.md §5.4.
+  r_{i,k} = c * judge_{i,k} + env_{i,k}            (`turn_rewards`)
+  R_{i,k} = sum_{j >= k} gamma^(j - k) r_{i,j}        (`mc_returns`)
+  A_turn  = z-score of R over the valid turns k of the prompt's G trajectories (`turn_level`)
+  A_batch = z-score of R over every valid turn of the batch (`batch_level`)
+  A_{i,k} = w * A_turn + (1 - w) * A_batch          (`mapo`)
+
+Only the abstract is public (no code found), so every unknown is a keyword argument marked
+[INF] below: the judge weight c (`progress_coef`), gamma, the turn-level group (the prompt's
+group at one turn index, not the whole batch at that index), the mixing weight w
+(`turn_weight`), the unbiased std and eps. No judge model is configured in this codebase: the
+env's per-step progress signal (info["progress"] in [0, 1], e.g. TextWorld's intermediate
+reward, a tool env's per-call correctness; `probes.turn_signals`) stands in for the judge's
+score. The env's own turn rewards are added so that the outcome (on the last turn of a
+sparse env) enters every earlier turn's return.
+
+All functions are pure jax over `[B, U]` arrays with a turn mask (1 on turns that happened);
+masked turns get exactly 0. `estimators.broadcast_turn_to_tokens` carries the result to tokens.
 """
 import jax
 import jax.numpy as jnp
 
 from agentrl.advantages import estimators
-
-WEIGHTINGS = ("quadratic", "linear")
-
-
-def mix_weight(certainty_B: jax.Array, *, weighting: str = "quadratic") -> jax.Array:
-  """lambda(p), the weight of the percent-deviation advantage: 1 - 4p(1-p) or 1 - 2min(p, 1-p)."""
-  if weighting not in WEIGHTINGS:
-    raise ValueError(f"weighting={weighting!r}; expected one of {WEIGHTINGS}.")
-  p = certainty_B.astype(jnp.float32)
-  if weighting == "quadratic":
-    return 1.0 - 4.0 * p * (1.0 - p)
-  return 1.0 - 2.0 * jnp.minimum(p, 1.0 - p)
+from agentrl.credit import gigpo
+from agentrl import types
 
 
-def trajectory_certainty(reward_B: jax.Array, *, group_size: int,
-                         success_value: float = 1.0) -> jax.Array:
-  """p per row [B]: the fraction of the row's group whose reward equals `success_value`."""
-  if group_size < 1 or reward_B.ndim != 1 or reward_B.shape[0] % group_size:
-    raise ValueError(f"Expected a [B] array with B divisible by group_size={group_size}; got "
-                     f"shape {reward_B.shape}.")
-  hit_PG = (reward_B == success_value).reshape(-1, group_size).astype(jnp.float32)
-  return jnp.repeat(hit_PG.mean(axis=1), group_size)
+def _check(turn_mask_BU: jax.Array, **named: jax.Array) -> None:
+  if turn_mask_BU.ndim != 2:
+    raise ValueError(f"turn_mask has shape {turn_mask_BU.shape}; expected [B, U].")
+  for name, x in named.items():
+    if x.shape != turn_mask_BU.shape:
+      raise ValueError(f"{name} has shape {x.shape}; expected the turn mask's [B, U] = "
+                       f"{turn_mask_BU.shape}.")
 
 
-def mapo(reward_B: jax.Array, *, group_size: int, eps: float = 1e-6, success_value: float = 1.0,
-         weighting: str = "quadratic", lam: float | None = None) -> jax.Array:
-  """MAPO advantages [B] (`grpomixpro`).
+def turn_rewards(env_reward_BU: jax.Array, progress_BU: jax.Array, turn_mask_BU: jax.Array, *,
+                 progress_coef: float = 1.0) -> jax.Array:
+  """r [B, U] = progress_coef * progress + env reward on valid turns, 0 elsewhere.
 
   Args:
-    reward_B: outcome rewards; rows [i*G, (i+1)*G) are prompt i's samples.
-    group_size: G >= 2 (the official code asserts it).
-    eps: 1e-6 in both denominators [code].
-    success_value: the reward that counts as a success for p (1.0 [code]).
-    weighting: "quadratic" (MAPO) or "linear" (the `grpomixair` ablation).
-    lam: a fixed lambda overriding lambda(p): 0 is GRPO, 1 the pure percent deviation
-      (`grpomean`).
+    env_reward_BU: the env's own reward of each turn (their sum is the outcome).
+    progress_BU: the judge's score of each turn; here the env's progress signal in [0, 1].
+    turn_mask_BU: 1 on turns that happened.
+    progress_coef: the judge score's weight against the env reward [INF: 1.0].
   """
-  if group_size < 2:
-    raise ValueError(f"mapo needs group_size >= 2 (a group's std and mean); got {group_size}.")
-  z_B = estimators.grpo(reward_B, group_size=group_size, eps=eps)
-  centred_B = estimators.grpo(reward_B, group_size=group_size, norm_by_std=False)
-  mean_B = jnp.repeat(reward_B.astype(jnp.float32).reshape(-1, group_size).mean(axis=1),
-                      group_size)
-  percent_B = centred_B / (mean_B + eps)
-  if lam is None:
-    lam_B = mix_weight(trajectory_certainty(reward_B, group_size=group_size,
-                                            success_value=success_value), weighting=weighting)
-  else:
-    lam_B = jnp.full(reward_B.shape, lam, jnp.float32)
-  return (1.0 - lam_B) * z_B + lam_B * percent_B
+  _check(turn_mask_BU, env_reward_BU=env_reward_BU, progress_BU=progress_BU)
+  r_BU = progress_coef * progress_BU.astype(jnp.float32) + env_reward_BU.astype(jnp.float32)
+  return jnp.where(turn_mask_BU > 0, r_BU, 0.0)
+
+
+def mc_returns(env_reward_BU: jax.Array, progress_BU: jax.Array, turn_mask_BU: jax.Array, *,
+               progress_coef: float = 1.0, gamma: float = 1.0) -> jax.Array:
+  """Monte-Carlo returns [B, U]: sum_{j >= k} gamma^(j - k) r_j of `turn_rewards` [INF: gamma
+  1.0]; invalid turns are skipped and get 0."""
+  r_BU = turn_rewards(env_reward_BU, progress_BU, turn_mask_BU, progress_coef=progress_coef)
+  return estimators.discounted_turn_returns(r_BU, turn_mask_BU, gamma=gamma)
+
+
+def turn_level(return_BU: jax.Array, turn_mask_BU: jax.Array, *, group_size: int,
+               eps: float = 1e-6) -> jax.Array:
+  """(R - mean) / (std + eps) within each (prompt group, turn index) [B, U].
+
+  The group is the G trajectories of one prompt at turn index k [INF: the abstract says
+  "turn-level"; not the whole batch at k]; std is unbiased [INF]. A group with a single valid
+  turn, or with equal returns, gets exactly 0; invalid turns get 0.
+  """
+  _check(turn_mask_BU, return_BU=return_BU)
+  B, U = return_BU.shape
+  types.grouped(return_BU, group_size)  # validates B against group_size
+  segment_BU = (jnp.arange(B) // group_size)[:, None] * U + jnp.arange(U)[None, :]
+  return gigpo.group_normalize(return_BU.reshape(-1), segment_BU.reshape(-1),
+                               turn_mask_BU.reshape(-1), num_segments=B // group_size * U,
+                               norm_by_std=True, eps=eps, single="zero").reshape(B, U)
+
+
+def batch_level(return_BU: jax.Array, turn_mask_BU: jax.Array, *,
+                eps: float = 1e-6) -> jax.Array:
+  """(R - mean) / (std + eps) over every valid turn of the batch [B, U] (unbiased std [INF]).
+
+  A batch with one valid turn, or with equal returns, gets exactly 0; invalid turns get 0.
+  """
+  _check(turn_mask_BU, return_BU=return_BU)
+  return gigpo.group_normalize(return_BU.reshape(-1), jnp.zeros(return_BU.size, jnp.int32),
+                               turn_mask_BU.reshape(-1), num_segments=1, norm_by_std=True,
+                               eps=eps, single="zero").reshape(return_BU.shape)
+
+
+def mapo(env_reward_BU: jax.Array, progress_BU: jax.Array, turn_mask_BU: jax.Array, *,
+         group_size: int, progress_coef: float = 1.0, gamma: float = 1.0,
+         turn_weight: float = 0.5, eps: float = 1e-6) -> jax.Array:
+  """MAPO advantages per turn [B, U]: w * A_turn + (1 - w) * A_batch of the MC returns.
+
+  Args:
+    env_reward_BU: the env's reward of each turn; its row sum is the outcome (on the last turn
+      for a sparse env).
+    progress_BU: the judge's per-turn score; here the env's progress signal (module doc).
+    turn_mask_BU: 1 on turns that happened, a prefix of each row.
+    group_size: G; rows [p*G, (p+1)*G) are prompt p's trajectories.
+    progress_coef: the judge score's weight in the turn reward [INF: 1.0].
+    gamma: discount of the Monte-Carlo returns [INF: 1.0, the undiscounted return].
+    turn_weight: w, the turn-level normalisation's share [INF: 0.5, an even mix]; 1 is pure
+      turn-level, 0 pure batch-level normalisation (the abstract's single-level baselines).
+    eps: added to each std [INF: 1e-6, as GRPO].
+  """
+  if not 0.0 <= turn_weight <= 1.0:
+    raise ValueError(f"turn_weight={turn_weight} must be in [0, 1].")
+  return_BU = mc_returns(env_reward_BU, progress_BU, turn_mask_BU, progress_coef=progress_coef,
+                         gamma=gamma)
+  a_turn_BU = turn_level(return_BU, turn_mask_BU, group_size=group_size, eps=eps)
+  a_batch_BU = batch_level(return_BU, turn_mask_BU, eps=eps)
+  mixed_BU = turn_weight * a_turn_BU + (1.0 - turn_weight) * a_batch_BU
+  return jnp.where(turn_mask_BU > 0, mixed_BU, 0.0)

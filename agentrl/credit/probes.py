@@ -2,10 +2,11 @@
 """Host-side inputs of the turn-level credit methods, built from `agent_loop.Trajectory`s.
 
 Where each model turn starts and ends, "context then answer" probe rows (IGPO's gold-answer
-probes, SIOP's reference probes), GiGPO's anchor-state step groups, SIOP's answer modes and
-InfoPO's counterfactual transcripts, and the jitted teacher-forced passes that score them
-(`make_probe_step`, `make_counterfactual_step`); rows [i*G, (i+1)*G) are prompt i's
-trajectories throughout. experiments/agents/agent.py composes them.
+probes, SIOP's reference probes), GiGPO's anchor-state step groups, MAPO's per-turn rewards
+and progress signals, SIOP's answer modes and InfoPO's counterfactual transcripts, and the
+jitted teacher-forced passes that score them (`make_probe_step`, `make_counterfactual_step`);
+rows [i*G, (i+1)*G) are prompt i's trajectories throughout. experiments/agents/agent.py
+composes them.
 """
 from collections.abc import Callable, Sequence
 import dataclasses
@@ -21,6 +22,8 @@ from agentrl.credit import gigpo
 from agentrl.credit import infopo
 from agentrl.credit import siop
 from agentrl.rollout import agent_loop
+
+PROGRESS = "progress"   # the optional info key of an env's per-step progress in [0, 1]
 
 
 def turn_starts(traj: agent_loop.Trajectory) -> list[int]:
@@ -66,17 +69,38 @@ def probe_batch(trajs, gold_ids, *, max_turns: int, length: int, pad_id: int):
   return (*probe_rows(pairs, length=length, pad_id=pad_id), turn_mask)
 
 
+def per_turn(rows: Sequence[Sequence[float]], *, max_turns: int) -> np.ndarray:
+  """float32 [B, U] from one list of per-turn values per trajectory (cut to U, 0-padded)."""
+  out = np.zeros((len(rows), max_turns), np.float32)
+  for i, row in enumerate(rows):
+    values = np.asarray(row[:max_turns], np.float32)
+    out[i, :len(values)] = values
+  return out
+
+
 def step_groups(trajs, *, group_size: int, max_turns: int) -> dict[str, np.ndarray]:
   """GiGPO's inputs: each turn's env reward, and its anchor-state group (the transcript the
   turn starts from: trajectories of a group that reached the same history share a group)."""
-  step_reward = np.zeros((len(trajs), max_turns), np.float32)
-  for i, traj in enumerate(trajs):
-    r = np.asarray(traj.turn_rewards[:max_turns], np.float32)
-    step_reward[i, :len(r)] = r
+  step_reward = per_turn([traj.turn_rewards for traj in trajs], max_turns=max_turns)
   keys = [[traj.tokens[:start].tobytes() for start in turn_starts(traj)[:max_turns]]
           for traj in trajs]
   anchor = gigpo.anchor_groups(keys, group_size=group_size, num_turns=max_turns)
   return {"step_reward_BU": step_reward, "anchor_id_BU": anchor}
+
+
+def turn_signals(trajs, *, max_turns: int) -> dict[str, np.ndarray]:
+  """MAPO's inputs [B, U] (`credit.mapo`): each turn's env reward (`turn_rewards`), its progress
+  signal and the turn mask (one turn per env step).
+
+  The progress signal is the step's info[PROGRESS], a float in [0, 1] that the env sets where
+  it can say whether the step moved towards the goal (TextWorld's intermediate reward, a tool
+  env's per-call correctness); 0.0 where the info lacks it. It stands in for MAPO's judge.
+  """
+  progress = [[float(info.get(PROGRESS) or 0.0) for info in traj.infos] for traj in trajs]
+  turns = [[1.0] * len(traj.turn_rewards) for traj in trajs]
+  return {"env_reward_BU": per_turn([traj.turn_rewards for traj in trajs], max_turns=max_turns),
+          "progress_BU": per_turn(progress, max_turns=max_turns),
+          "turn_mask_BU": per_turn(turns, max_turns=max_turns)}
 
 
 def siop_references(answers, *, group_size: int, num_refs: int = 3):

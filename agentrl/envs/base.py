@@ -27,6 +27,17 @@ for any env wrapped in `agentrl.envs.safe.SafeEnv`:
                                       (unparseable action, bad tool call, exception text);
                      "reward":  float the same value as the returned reward.
                    Envs may add more keys (e.g. TextWorld's "admissible_commands", "score").
+                   Optional keys the library reads when present:
+                     "progress": float in [0, 1]  how far this turn got (the per-turn
+                                      progress signal turn-level credit can read, e.g.
+                                      agentrl/credit/mapo.py): the tool envs give the
+                                      fraction of the turn's calls that ran without error
+                                      (tool_use: and match a gold call), 0.0 for a turn
+                                      with no call, the reward on the answer turn;
+                     "tool_results": list[str]  the tool messages of a turn of tool calls,
+                                      one per call, each a part of the observation
+                                      (envs/tool_calls.py); the agent loop renders them
+                                      in the chat template's tool role where it has one.
   - `step` never raises on model text: malformed, empty or malicious actions become an error
     observation with info["error"] set and a zero or small negative reward. Env bugs may still
     raise; `SafeEnv` turns those into error observations too and counts them.

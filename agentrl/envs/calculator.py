@@ -3,7 +3,10 @@
 A multi-turn Env in the style of Toolformer / ReTool tool calls (Schick et al. 2023; Feng et
 al. 2025): the task is a multi-step integer expression, the tool is an arithmetic evaluator,
 and the episode ends when the model writes <answer>number</answer> (reward 1.0 if correct) or
-runs out of turns (reward 0.0).
+runs out of turns (reward 0.0). Calls are written in the format `tool_format` names
+(`envs.tool_calls`): "tags" (the default) <calc>2+3</calc> answered <result>5</result>, or
+"hermes" <tool_call>{"name": "calculator", "arguments": {"expression": "2+3"}}</tool_call>
+answered <tool_response>5</tool_response>.
 
 Model text is never `eval`ed. `evaluate` parses with `ast.parse(mode="eval")` and walks the
 tree, accepting ONLY: int/float literals (not bool/complex/str), parentheses, unary + and -,
@@ -21,7 +24,7 @@ import operator
 import random
 
 from agentrl.envs import base
-from agentrl.rewards import extract
+from agentrl.envs import tool_calls
 from agentrl.rewards import verifiers
 
 MAX_CHARS = 200
@@ -35,14 +38,13 @@ _BINOPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
 _UNARY = {ast.USub: operator.neg, ast.UAdd: operator.pos}
 ALLOWED_NODES = (ast.Expression, ast.Constant, ast.UnaryOp, ast.BinOp, *_BINOPS, *_UNARY)
 
-SYSTEM_PROMPT = (
-    "You can use a calculator. To call it, write <calc>expression</calc> and stop; the result "
-    "comes back as <result>value</result>. Expressions may use numbers, + - * / // % ** and "
-    "parentheses. When you know the final answer, write <answer>number</answer>.")
+TOOL = tool_calls.Tool("calculator", "evaluates numbers with + - * / // % ** and parentheses",
+                       {"expression": "string"}, tag="calc", max_chars=MAX_CHARS)
+INTRO = "You can use a calculator."
+NOTES = "Expressions may use numbers, + - * / // % ** and parentheses."
 
 
-
-class CalcError(ValueError):
+class CalcError(tool_calls.ToolError):
   """The expression is not allowed or cannot be computed; the message is shown to the model."""
 
 
@@ -145,19 +147,20 @@ def make_problem(seed: int, *, num_ops: int = 3, max_operand: int = 999) -> dict
 
 
 class CalculatorEnv:
-  """Multi-turn tool-use Env: <calc> calls get <result>/<error> observations, <answer> ends it.
+  """Multi-turn tool-use Env: calculator calls get results or <error>s, <answer> ends it.
 
   Per-turn rewards: 1.0 on the correct final answer, `format_penalty` (<= 0) on a turn with
-  neither a tool call nor an answer, 0.0 otherwise. info adds "tool_calls" and "tool_errors".
-  An action is parsed in linear time, and only its last `extract.MAX_TEXT_CHARS` characters
-  (a tool call or answer written before them is not seen); in those, the first <answer> pair
-  wins over any <calc> pair.
+  neither a tool call nor an answer, 0.0 otherwise. Every call of a turn runs, in order, up to
+  `max_calls` [INF]. info adds "tool_calls" and "tool_errors" (calls and rejected calls so far),
+  "progress" (the fraction of the turn's calls that ran; the reward on the answer turn) and
+  "tool_results". An action is parsed in linear time, and only its last
+  `extract.MAX_TEXT_CHARS` characters (a tool call or answer written before them is not seen);
+  in those, the first <answer> pair wins over any call.
   """
 
-  system_prompt = SYSTEM_PROMPT
-
   def __init__(self, *, num_ops: int = 3, max_operand: int = 999, max_turns: int = 4,
-               format_penalty: float = 0.0):
+               format_penalty: float = 0.0, tool_format: str = "tags",
+               max_calls: int = tool_calls.MAX_CALLS):
     if max_turns < 1 or format_penalty > 0:
       raise ValueError(f"need max_turns >= 1 and format_penalty <= 0, got {max_turns}, "
                        f"{format_penalty}.")
@@ -165,6 +168,8 @@ class CalculatorEnv:
     self._kwargs = dict(num_ops=num_ops, max_operand=max_operand)
     self.max_turns = max_turns
     self.format_penalty = format_penalty
+    self.tools = tool_calls.Toolbox([TOOL], tool_format, max_calls=max_calls)
+    self.system_prompt = self.tools.system_prompt(intro=INTRO, notes=NOTES, answer="number")
     self._problem, self._turn, self._calls, self._errors = None, 0, 0, 0
 
   @base.episode_reset
@@ -181,20 +186,18 @@ class CalculatorEnv:
   def step(self, action: str) -> base.StepResult:
     self._turn += 1
     out_of_turns = self._turn >= self.max_turns
-    action = extract.cap(action)  # the parsers below see a bounded, linear-time input
-    answer = next(extract.tag_spans(action, "answer"), None)
-    if answer is not None:
-      reward = verifiers.numeric_match(answer[2], self._problem["answer"], mode="raw")
-      return "", reward, True, self._info(reward, success=reward == 1.0)
-    call = next(extract.tag_spans(action, "calc"), None)
-    if call is None:
-      error = "no tool call or answer; write <calc>expression</calc> or <answer>number</answer>"
+    turn = self.tools.parse(action)
+    if turn.answer is not None:
+      reward = verifiers.numeric_match(turn.answer, self._problem["answer"], mode="raw")
+      return "", reward, True, self._info(reward, success=reward == 1.0, progress=reward)
+    if not turn.calls:
+      error = self.tools.no_call_error("number")
       return (f"<error>{error}</error>", self.format_penalty, out_of_turns,
-              self._info(self.format_penalty, error=error))
-    self._calls += 1
-    try:
-      obs, error = f"<result>{format_number(evaluate(call[2]))}</result>", ""
-    except CalcError as e:
-      self._errors += 1
-      obs, error = f"<error>{e}</error>", str(e)
-    return obs, 0.0, out_of_turns, self._info(0.0, error=error)
+              self._info(self.format_penalty, error=error, progress=0.0))
+    results = self.tools.run(turn.calls,
+                             lambda call: format_number(evaluate(call.arguments["expression"])))
+    self._calls += len(turn.calls)
+    self._errors += len(turn.calls) - results.ok
+    return results.observation, 0.0, out_of_turns, self._info(
+        0.0, error=results.error, progress=results.ok / len(turn.calls),
+        tool_results=list(results.tool_results))

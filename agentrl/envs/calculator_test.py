@@ -107,6 +107,49 @@ class CalculatorEnvTest(absltest.TestCase):
     _, reward, done, info = env.step(f"<answer>{answer}</answer>")
     self.assertEqual((reward, done, info["success"]), (1.0, True, True))
 
+  def test_default_prompt_is_the_tags_one(self):
+    self.assertEqual(calculator.CalculatorEnv().system_prompt, (
+        "You can use a calculator. To call it, write <calc>expression</calc> and stop; the "
+        "result comes back as <result>value</result>. Expressions may use numbers, + - * / // "
+        "% ** and parentheses. When you know the final answer, write <answer>number</answer>."))
+    hermes = calculator.CalculatorEnv(tool_format="hermes").system_prompt
+    self.assertIn('"name": "calculator"', hermes)
+    self.assertIn("Expressions may use numbers", hermes)
+    with self.assertRaisesRegex(ValueError, "tool_format='json'"):
+      calculator.CalculatorEnv(tool_format="json")
+
+  def test_hermes_calls_several_per_turn_and_progress(self):
+    env = calculator.CalculatorEnv(tool_format="hermes")
+    env.reset(3)
+    call = '<tool_call>{"name": "calculator", "arguments": {"expression": "%s"}}</tool_call>'
+    obs, reward, done, info = env.step(call % "2+3" + call % "1/0" + call % "6*7")
+    self.assertEqual(obs, "<tool_response>5</tool_response>\n<error>division by zero</error>"
+                     "\n<tool_response>42</tool_response>")
+    self.assertEqual((reward, done, info["error"]), (0.0, False, "division by zero"))
+    self.assertEqual((info["tool_calls"], info["tool_errors"]), (3, 1))
+    self.assertAlmostEqual(info["progress"], 2 / 3)
+    self.assertEqual(info["tool_results"], ["5", "<error>division by zero</error>", "42"])
+    # Cut at the stop string "</tool_call>": still a call.
+    obs, _, _, info = env.step(call.removesuffix("</tool_call>") % "2**3")
+    self.assertEqual((obs, info["progress"]), ("<tool_response>8</tool_response>", 1.0))
+    _, _, _, info = env.step("<calc>1+1</calc>")          # the other family's call
+    self.assertEqual(info["progress"], 0.0)
+    self.assertIn("<tool_call>", info["error"])
+    _, reward, done, info = env.step(f"<answer>{calculator.make_problem(3)['answer']}</answer>")
+    self.assertEqual((reward, done, info["progress"]), (1.0, True, 1.0))
+
+  def test_tags_several_calls_cut_call_and_the_limit(self):
+    env = calculator.CalculatorEnv(max_calls=2)
+    env.reset(0)
+    obs, _, _, info = env.step("<calc>1+1</calc> and <calc>2*3")
+    self.assertEqual(obs, "<result>2</result>\n<result>6</result>")
+    self.assertEqual((info["tool_calls"], info["progress"], info["error"]), (2, 1.0, ""))
+    obs, _, _, info = env.step("<calc>1</calc><calc>2</calc><calc>3</calc>")
+    self.assertEqual(obs.split("\n")[:2], ["<result>1</result>", "<result>2</result>"])
+    self.assertIn("more than 2 tool calls", info["error"])
+    self.assertAlmostEqual(info["progress"], 2 / 3)
+    self.assertEqual((info["tool_calls"], info["tool_errors"]), (5, 1))
+
   def test_wrong_answer(self):
     env = calculator.CalculatorEnv()
     env.reset(3)

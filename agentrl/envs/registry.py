@@ -39,6 +39,7 @@ from agentrl.envs import search
 from agentrl.envs import search_corpus
 from agentrl.envs import textworld_env
 from agentrl.envs import thinker
+from agentrl.envs import tool_calls
 from agentrl.envs import tool_use
 from agentrl.rewards import extract
 
@@ -157,6 +158,17 @@ def _turns(default: int, lo: int = 1) -> Field:
 
 
 _DIGITS = Field(configs.Key(int, min=1, max=9), 3)
+# How a tool env's calls and results are written (envs/tool_calls.py): "hermes", "tags", or ""
+# for the env's own default (tags for calculator and search, hermes for tool_use), so that a
+# config offering several envs gives each its own.
+_TOOL_FORMAT = Field(configs.Key(str, choices=("",) + tool_calls.FORMATS), "")
+
+
+def _tool_format(kwargs: dict) -> dict:
+  """tool_format "" is the constructor's default."""
+  return {k: v for k, v in kwargs.items() if not (k == "tool_format" and v == "")}
+
+
 # The hidden-rule games' texts and error replies; compact texts need few pieces.
 _GAME_BAD = ("?", "guess ?", "query 999", "encode ?", "test 0")
 
@@ -211,14 +223,16 @@ ENVS: dict[str, Row] = {
     "calculator": Row(
         calculator.CalculatorEnv,
         {"num_ops": Field(configs.Key(int, min=1, max=8), 3),
-         "max_operand": Field(configs.Key(int, min=1), 999), "max_turns": _turns(4)},
-        "arithmetic with a <calc> tool, answered in <answer> (envs/calculator.py)"),
+         "max_operand": Field(configs.Key(int, min=1), 999), "max_turns": _turns(4),
+         "tool_format": _TOOL_FORMAT},
+        "arithmetic with a calculator tool, answered in <answer> (envs/calculator.py)",
+        convert=_tool_format),
     "tool_use": Row(
         tool_use.ToolUseEnv,
         {"family": Field(configs.Key(str, choices=("mixed",) + tool_use.TASKS), "mixed", "task"),
-         "max_turns": _turns(6)},
+         "max_turns": _turns(6), "tool_format": _TOOL_FORMAT},
         "JSON tool calls over a fictional world's facts (envs/tool_use.py)",
-        sft="demonstrations",
+        sft="demonstrations", convert=_tool_format,
         vocab=Vocab(seeds=300, size=384, byte_fallback=False, system=False)),
     "search": Row(
         search.SearchEnv,
@@ -226,8 +240,10 @@ ENVS: dict[str, Row] = {
          "top_k": Field(configs.Key(int, min=1), 3), "max_turns": _turns(4),
          "reward": Field(configs.Key(str, choices=search.REWARDS), "em"),
          "question_kind": Field(
-             configs.Key(str, choices=("mixed",) + search_corpus.QUESTION_KINDS), "mixed")},
-        "BM25 <search> over a generated corpus, EM/F1-scored <answer> (envs/search.py)"),
+             configs.Key(str, choices=("mixed",) + search_corpus.QUESTION_KINDS), "mixed"),
+         "tool_format": _TOOL_FORMAT},
+        "BM25 <search> over a generated corpus, EM/F1-scored <answer> (envs/search.py)",
+        convert=_tool_format),
     "textworld": Row(
         textworld_env.TextWorldEnv.isolated,
         {"kind": Field(configs.Key(str, choices=tuple(textworld_env.DEFAULT_SETTINGS)),

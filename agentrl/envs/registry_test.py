@@ -41,7 +41,7 @@ class RegistryTest(parameterized.TestCase):
   def test_fields_fill_constructor_arguments(self):
     kwargs = registry.constructor_kwargs(dict(name="tool_use", family="weekday", max_turns=3,
                                               digits=4))   # digits: another env's, unread
-    self.assertEqual(kwargs, {"task": "weekday", "max_turns": 3})
+    self.assertEqual(kwargs, {"task": "weekday", "max_turns": 3})   # tool_format "": its own
     rg = registry.constructor_kwargs(dict(name="reasoning_gym", rg_config='{"max_digits": 2}'))
     self.assertEqual((rg["name"], rg["max_digits"], rg["system_prompt"]),
                      ("basic_arithmetic", 2, None))
@@ -68,6 +68,25 @@ class RegistryTest(parameterized.TestCase):
       registry.factory(dict(name="reasoning_gym", rg_config='{"no_such_argument": 1}'))
     with self.assertRaisesRegex(configs.ConfigError, r"rg_config must be a JSON object"):
       registry.factory(dict(name="reasoning_gym", rg_config="[1]"))
+
+  def test_tool_format_is_a_checked_key_with_each_env_its_own_default(self):
+    union = registry.task_config("hidden_rule", names=registry.NAMES)
+    self.assertEqual(union["tool_format"], "")
+    for name, want in (("calculator", "tags"), ("search", "tags"), ("tool_use", "hermes")):
+      if name in PACKAGES and importlib.util.find_spec(PACKAGES[name]) is None:
+        continue
+      self.assertEqual(registry.factory({**union, "name": name})().tools.fmt, want, name)
+      env = registry.factory({**union, "name": name, "tool_format": "hermes"})()
+      self.assertEqual(env.tools.fmt, "hermes", name)
+      self.assertIn("<tool_call>", env.system_prompt, name)
+    self.assertEqual(registry.constructor_kwargs(dict(name="calculator", tool_format="tags")),
+                     {"num_ops": 3, "max_operand": 999, "max_turns": 4, "tool_format": "tags"})
+    with self.assertRaisesRegex(configs.ConfigError,
+                                r"config\.task\.tool_format must be one of \('', 'hermes', "
+                                r"'tags'\).*got 'json' \(for task\.name='tool_use'\)"):
+      registry.factory(dict(name="tool_use", tool_format="json"))
+    with self.assertRaisesRegex(configs.ConfigError, r"config\.task\.tool_format is not a key"):
+      registry.task_config("arithmetic", tool_format="tags")
 
   def test_a_shared_key_accepts_what_any_env_does(self):
     family = registry.schema(("hidden_rule", "tool_use"))["task.family"]

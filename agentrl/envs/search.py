@@ -11,7 +11,9 @@ instance and thread (`shared_index`).
 Following the official code (search_r1/llm_agent/generation.py, verl/utils/reward_score/qa_em.py):
   - an action is read up to its first complete <search> or <answer> pair, whichever comes first
     (`postprocess_predictions`'s `<(search|answer)>(.*?)</\\1>`), in linear time over the last
-    `extract.MAX_TEXT_CHARS` characters;
+    `extract.MAX_TEXT_CHARS` characters; a last <search> cut at the stop string "</search>"
+    counts as complete (`envs.tool_calls`: Search-R1 stops generation there and adds the tag
+    back), and later searches of the turn are ignored (`max_calls` = 1);
   - a turn with neither gets Search-R1's "My previous action is invalid..." observation;
   - passages are listed as `Doc {i}(Title: {title}) {text}`, top_k=3 by default;
   - EM/F1 normalise as SQuAD's evaluate-v1.1.py (lowercase, drop punctuation, drop the articles
@@ -30,6 +32,12 @@ score are returned (Lucene returns only matching documents too).
 
 Bad queries [INF]: empty, longer than `max_query_chars` (Search-R1 has no bound), or with no
 searchable word get an <error> observation with info["error"] set.
+
+Call formats (`tool_format`, `envs.tool_calls`): "tags" (the default) is Search-R1's, with its
+system prompt; "hermes" calls the tool `search` with {"query": ...} in <tool_call> blocks,
+answered <tool_response>Doc 1(Title: ...) ...</tool_response>, with the Hermes tool prompt.
+info["progress"] is the fraction of the turn's searches that ran (the reward on the answer
+turn, 0.0 for a turn with neither).
 """
 import collections
 import re
@@ -40,7 +48,7 @@ import numpy as np
 
 from agentrl.envs import base
 from agentrl.envs import search_corpus
-from agentrl.rewards import extract
+from agentrl.envs import tool_calls
 
 MAX_QUERY_CHARS = 300
 BM25_K1, BM25_B = 0.9, 0.4
@@ -59,6 +67,9 @@ SYSTEM_PROMPT = (
     "as you want. If you find no further external knowledge needed, you can directly provide "
     "the answer inside <answer> and </answer>, without detailed illustrations. For example, "
     "<answer> Beijing </answer>.")
+HERMES_INTRO = (
+    "Answer the given question. Reason step by step; if you lack some knowledge, call the "
+    "search engine, as often as you want: it returns the top passages for your query.")
 REWARDS = ("em", "f1")
 
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
@@ -136,25 +147,23 @@ def format_passages(passages) -> str:
   return "".join(f"Doc {i}(Title: {p.title}) {p.text}\n" for i, p in enumerate(passages, 1))
 
 
-def first_action(action: str) -> tuple[str, str] | None:
-  """("search" | "answer", content) of the first complete pair, or None (linear time)."""
-  action = extract.cap(action)
-  found = []
-  for name in ("search", "answer"):
-    span = next(extract.tag_spans(action, name), None)
-    if span is not None:
-      found.append((span[0], name, span[2]))
-  return min(found)[1:] if found else None
+def tool(max_query_chars: int = MAX_QUERY_CHARS) -> tool_calls.Tool:
+  """The search tool: one string argument, its results in <information> (the tags format)."""
+  return tool_calls.Tool("search", "searches the corpus: the top passages for a query",
+                         {"query": "string"}, result_tag="information",
+                         max_chars=max_query_chars)
 
 
 class SearchEnv:
-  """Multi-turn Env: <search> gets BM25 passages, <answer> ends it with EM (or F1) reward."""
+  """Multi-turn Env: <search> gets BM25 passages, <answer> ends it with EM (or F1) reward.
 
-  system_prompt = SYSTEM_PROMPT
+  `max_calls` searches of a turn run, in order (1: Search-R1's first pair; more are ignored).
+  """
 
   def __init__(self, *, corpus_seed: int = 0, corpus_size: int = 100, top_k: int = 3,
                max_turns: int = 4, reward: str = "em", question_kind: str = "mixed",
-               invalid_penalty: float = 0.0, max_query_chars: int = MAX_QUERY_CHARS):
+               invalid_penalty: float = 0.0, max_query_chars: int = MAX_QUERY_CHARS,
+               tool_format: str = "tags", max_calls: int = 1):
     if reward not in REWARDS:
       raise ValueError(f"reward={reward!r} must be one of {REWARDS}.")
     if top_k < 1 or max_turns < 1 or invalid_penalty > 0 or max_query_chars < 1:
@@ -168,6 +177,11 @@ class SearchEnv:
     self.top_k, self.max_turns, self.reward = top_k, max_turns, reward
     self.question_kind, self.invalid_penalty = question_kind, invalid_penalty
     self.max_query_chars = max_query_chars
+    # Search-R1 reads an action's first pair only: later searches are ignored, not rejected.
+    self.tools = tool_calls.Toolbox([tool(max_query_chars)], tool_format, max_calls=max_calls,
+                                    reject_extra=False)
+    self.system_prompt = (SYSTEM_PROMPT if tool_format == "tags" else
+                          self.tools.system_prompt(intro=HERMES_INTRO, answer="answer"))
     self.question, self._turn, self._searches = None, 0, 0
 
   @base.episode_reset
@@ -181,36 +195,51 @@ class SearchEnv:
                           supporting=list(self.question.supporting), searches=self._searches,
                           turn=self._turn, **kwargs)
 
-  def _query_error(self, query: str) -> str:
+  def _search(self, query: str) -> list[int]:
+    """The passage ids of `query`, best first; ToolError for a query that cannot run."""
     if not query:
-      return "empty query; write <search>your query</search>"
-    if len(query) > self.max_query_chars:
-      return f"query longer than {self.max_query_chars} characters"
+      raise tool_calls.ToolError("empty query")
     if not tokenize(query):
-      return "the query has no searchable words"
-    return ""
+      raise tool_calls.ToolError("the query has no searchable words")
+    return self.index.search(query, self.top_k)
+
+  def _invalid(self, last: bool) -> base.StepResult:
+    if self.tools.fmt == "tags":
+      obs, error = INVALID_ACTION, "no <search> or <answer> pair"
+    else:
+      error = self.tools.no_call_error("...")
+      obs = f"<error>{error}</error>"
+    return obs, self.invalid_penalty, last, self._info(self.invalid_penalty, error=error,
+                                                       progress=0.0)
 
   @base.episode_step
   def step(self, action: str) -> base.StepResult:
     self._turn += 1
     last = self._turn >= self.max_turns
-    parsed = first_action(action)
-    if parsed is None:
-      return (INVALID_ACTION, self.invalid_penalty, last,
-              self._info(self.invalid_penalty, error="no <search> or <answer> pair"))
-    kind, content = parsed[0], parsed[1].strip()
-    if kind == "answer":
+    turn = self.tools.parse(action)
+    if turn.answer is not None and turn.answer_first:
+      content = turn.answer.strip()
       em = exact_match(content, self.question.answers)
       f1 = token_f1(content, self.question.answers)
       reward = em if self.reward == "em" else f1
       return "", reward, True, self._info(reward, em=em, f1=f1, success=em == 1.0,
-                                          answer=content[:200])
-    error = self._query_error(content)
-    if error:
-      return (f"<error>{error}</error>", self.invalid_penalty, last,
-              self._info(self.invalid_penalty, error=error))
-    self._searches += 1
-    ids = self.index.search(content, self.top_k)
-    found = format_passages(self.corpus.passages[i] for i in ids) or "No passage matches.\n"
-    return (f"<information>{found.strip()}</information>", 0.0, last,
-            self._info(0.0, query=content, retrieved=ids))
+                                          answer=content[:200], progress=reward)
+    if not turn.calls:
+      return self._invalid(last)
+    queries, retrieved = [], []
+
+    def execute(call: tool_calls.Call) -> str:
+      query = call.arguments["query"].strip()
+      ids = self._search(query)
+      queries.append(query)
+      retrieved.extend(ids)
+      found = format_passages(self.corpus.passages[i] for i in ids) or "No passage matches.\n"
+      return found.strip()
+
+    results = self.tools.run(turn.calls, execute)
+    self._searches += len(queries)
+    reward = self.invalid_penalty if results.error else 0.0
+    found = dict(query=queries[0], retrieved=retrieved) if queries else {}
+    return results.observation, reward, last, self._info(
+        reward, error=results.error, progress=results.ok / len(turn.calls),
+        tool_results=list(results.tool_results), **found)

@@ -132,10 +132,47 @@ class SearchEnvTest(parameterized.TestCase):
     self.assertEqual((info["em"], info["success"]), (0.0, False))
 
   def test_first_complete_pair_decides(self):
-    self.assertEqual(search.first_action("<answer>a</answer><search>b</search>"), ("answer", "a"))
-    self.assertEqual(search.first_action("<search>b</search><answer>a</answer>"), ("search", "b"))
-    self.assertEqual(search.first_action("<search>b <answer>a</answer>"), ("answer", "a"))
-    self.assertIsNone(search.first_action("<search>b"))
+    def first(action):
+      env = search.SearchEnv(corpus_size=20)
+      env.reset(0)
+      obs, _, done, info = env.step(action)
+      return ("answer", info["answer"]) if done else ("search", info.get("query"), obs)
+
+    answer = search.SearchEnv(corpus_size=20)
+    answer.reset(0)
+    a = answer.question.answers[0]
+    self.assertEqual(first(f"<answer>{a}</answer><search>b</search>"), ("answer", a))
+    self.assertEqual(first(f"<search>b</search><answer>{a}</answer>")[:2], ("search", "b"))
+    self.assertEqual(first(f"<search>b <answer>{a}</answer>"), ("answer", a))
+    # Only the first search runs (Search-R1); a second is ignored, not an error.
+    kind, query, obs = first("<search>b</search><search>c</search>")
+    self.assertEqual((kind, query, obs.count("<information>")), ("search", "b", 1))
+
+  def test_search_cut_at_its_stop_string_runs(self):
+    env = search.SearchEnv()
+    env.reset(0)
+    query = env.question.queries[0]
+    obs, reward, _, info = env.step(f"<think>first hop</think><search> {query}")
+    self.assertEqual((reward, info["error"], info["query"], info["progress"]),
+                     (0.0, "", query, 1.0))
+    self.assertIn(env.question.supporting[0], info["retrieved"])
+    self.assertEqual(info["tool_results"], [obs])
+
+  def test_hermes_format(self):
+    env = search.SearchEnv(tool_format="hermes", max_turns=3)
+    env.reset(0)
+    self.assertIn('"name": "search"', env.system_prompt)
+    self.assertIn("<tool_call>", env.system_prompt)
+    query = env.question.queries[0]
+    call = '<tool_call>{"name": "search", "arguments": {"query": "%s"}}</tool_call>' % query
+    obs, _, _, info = env.step(call)
+    self.assertTrue(obs.startswith("<tool_response>Doc 1(Title: "), obs[:80])
+    self.assertEqual(info["tool_results"], [obs.removeprefix("<tool_response>")
+                                            .removesuffix("</tool_response>")])
+    obs, reward, _, info = env.step(f"<search>{query}</search>")   # the other family's call
+    self.assertEqual((reward, info["progress"]), (0.0, 0.0))
+    self.assertIn("no tool call or answer", info["error"])
+    self.assertEqual(obs, f"<error>{info['error']}</error>")
 
   def test_turn_budget(self):
     env = search.SearchEnv(max_turns=2)
@@ -169,7 +206,8 @@ HOSTILE = {  # name -> (action, the error it must get)
     # Its opening tag falls outside the last MAX_TEXT_CHARS characters.
     "megabyte_query": ("<search>" + "x" * 1_000_000 + "</search>", "no <search> or <answer>"),
     "many_open_tags": ("<search>" * 100_000, "no <search> or <answer>"),
-    "unclosed": ("<search>founder of", "no <search> or <answer>"),
+    # An unclosed tag followed by other tags is no call (a cut call ends the text).
+    "unclosed": ("<search>founder of <b>", "no <search> or <answer>"),
 }
 
 

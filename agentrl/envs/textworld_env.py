@@ -11,9 +11,18 @@ recipe_seed, split) and custom quests (world_size, nb_objects, quest_length).
 Observations have the Inform7 residue (ASCII banner, `>` prompt, status line such as
 "-= Attic =-0/1", end-of-game menu) stripped; with `list_commands` the admissible commands
 are appended. info adds: "admissible_commands" (the valid command list), "score" and
-"max_score" (game points), "intermediate_reward" (TextWorld's dense progress signal: 1 when
-the last command moved towards the goal), "policy_commands" (a walkthrough from the current
-state), "won", "lost", "command" (the command sent), "unsafe_action" (it was refused, below).
+"max_score" (game points), "intermediate_reward" (TextWorld's dense progress signal, below),
+"progress", "policy_commands" (a walkthrough from the current state), "won", "lost", "command"
+(the command sent), "unsafe_action" (it was refused, below).
+
+TextWorld's intermediate_reward is the sign of the change in the length of the shortest
+winning command sequence (tracked from the game's quests): 1 when the last command shortened
+it (or won the game), -1 when it lengthened it (e.g. walked away from the goal) or lost the
+game, 0 when it stayed the same (look, inventory, a command that changed nothing) or no quest
+is tracked. info["progress"] is 1.0 when it is 1 and 0.0 otherwise (a moved-away step is no
+progress), and 0.0 for a command that was not sent; it is the per-step progress signal the
+turn-credit methods read (`agentrl.credit.probes.turn_signals`, standing in for MAPO's
+judge). Games started without quest tracking (the ALFWorld subclass) report None and 0.0.
 
 The command is read from <action>...</action> if present, else from the last non-empty line.
 Reward per turn: the increase of the game score divided by max_score, so an episode's rewards
@@ -257,7 +266,7 @@ class TextWorldEnv:
       # Not sent to the game: the turn is spent with an error observation.
       error = unsafe or "empty command; reply with one game command"
       info = self._info(0.0, command[:MAX_COMMAND_CHARS], valid, error=error,
-                        unsafe=bool(unsafe))
+                        unsafe=bool(unsafe), progress=0.0)
       return f"Error: {error}.", 0.0, self._turn >= self.max_turns, info
     self._state, step_score, done = self._game.step(command)
     score = float(self._state.get("score") if self._state.get("score") is not None
@@ -267,8 +276,9 @@ class TextWorldEnv:
     won, lost = bool(self._state.get("won")), bool(self._state.get("lost"))
     done = bool(done) or won or lost or self._turn >= self.max_turns
     error = "" if command in valid else f"'{command}' is not an admissible command"
+    moved_closer = (self._state.get("intermediate_reward") or 0) > 0
     info = self._info(reward, command, list(self._state.get("admissible_commands") or []),
-                      error=error, success=won, lost=lost)
+                      error=error, success=won, lost=lost, progress=float(moved_closer))
     return self._observation(self._state.feedback, done), reward, done, info
 
   def _info(self, reward, command, valid, unsafe=False, **kwargs) -> base.Info:

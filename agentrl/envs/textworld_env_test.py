@@ -99,9 +99,24 @@ class TextWorldEnvTest(absltest.TestCase):
       rewards.append(reward)
       self.assertEqual(info["error"], "")
       self.assertIn("admissible_commands", info)
+      # Every walkthrough command shortens the winning sequence (the last one wins).
+      self.assertEqual((info["intermediate_reward"], info["progress"]), (1, 1.0))
     self.assertTrue(done)
     self.assertTrue(info["success"])
     self.assertAlmostEqual(sum(rewards), 1.0)
+
+  def test_progress_is_the_positive_intermediate_reward(self):
+    # Each admissible first command, from a fresh episode. In this game the walkthrough's first
+    # command shortens the winning sequence (1), "go north" or "close display" lengthen it (-1),
+    # look and examine leave it (0); progress is 1.0 for 1 only.
+    self.env.reset(0)
+    seen = {}
+    for command in list(self.env._state["admissible_commands"]):
+      self.env.reset(0)
+      _, _, _, info = self.env.step(command)
+      seen[info["intermediate_reward"]] = seen.get(info["intermediate_reward"], set()) | {
+          info["progress"]}
+    self.assertEqual(seen, {-1: {0.0}, 0: {0.0}, 1: {1.0}})
 
   def test_reset_is_deterministic_and_game_is_cached(self):
     self.assertEqual(self.env.reset(0), self.first_obs)
@@ -125,11 +140,12 @@ class TextWorldEnvTest(absltest.TestCase):
         game_files=[self.env.game_file(0)], max_turns=3))
     env.reset(0)
     obs, reward, done, info = env.step("xyzzy")
-    self.assertEqual((reward, done), (0.0, False))
+    self.assertEqual((reward, done, info["progress"]), (0.0, False, 0.0))
     self.assertIn("not an admissible command", info["error"])
     self.assertNotIn(">", obs.splitlines()[0])
     obs, reward, done, info = env.step("   ")
     self.assertTrue(obs.startswith("Error: empty command"))
+    self.assertEqual(info["progress"], 0.0)
     self.assertFalse(done)
     _, _, done, info = env.step("look")
     self.assertTrue(done)

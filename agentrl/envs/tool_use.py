@@ -5,23 +5,27 @@ knows) and a task needing 1 to 3 tool calls in sequence (later ones use earlier 
 `<answer>...</answer>`. The tools are `TOOLS` below (lookup, convert_units, calculator,
 add_days, weekday; every argument required; `calculator` parses, never `eval`s).
 
-A call is written in the Hermes/Qwen format that MatchTIR trains with (Qu et al. 2026, arXiv
-2601.10712; quchangle1/MatchTIR Code/utils/parse_output.py `parse_qwen`), answered with
-`<tool_response>{"result": ...}</tool_response>` (+ "unit" for measures):
+Calls are parsed, run and answered by `envs.tool_calls` in the format `tool_format` names:
+"hermes" (the default, the Hermes/Qwen format MatchTIR trains with: Qu et al. 2026, arXiv
+2601.10712), answered with <tool_response>{"result": ...}</tool_response> (+ "unit" for
+measures), or "tags" (<weekday>2031-05-17</weekday>, <lookup>{"entity": ..., "attribute":
+...}</lookup>, answered with <result>...</result>):
 
   <tool_call>{"name": "weekday", "arguments": {"date": "2031-05-17"}}</tool_call>
 
 Gold traces: after reset, `env.gold_calls` (and each step's info["gold_calls"]) lists the calls
 that solve the task, {"name", "arguments"} in order, computed by running the tools. info["call"]
-is the turn's call parsed as `parse_qwen` does (`arguments` an object or a JSON string; missing:
-{}), also when rejected, or None: MatchTIR's turn reward (Code/verl/utils/reward_score/tool.py,
-whose data says "parameters") needs it.
+is the turn's first call parsed as `parse_qwen` does (`arguments` an object or a JSON string;
+missing: {}), also when rejected, or None; info["calls"] all of the turn's calls read that way.
+MatchTIR's turn reward (Code/verl/utils/reward_score/tool.py, whose data says "parameters")
+needs them. info["progress"] is the fraction of the turn's calls that ran and match a gold call
+(`matches_gold`; 0.0 for a turn with no call, the reward on the answer turn).
 
 Rewards: 1.0 right answer, 0.0 wrong (the episode ends; numbers compare as numbers, other text
 case-insensitively), `format_penalty` (<= 0) for a turn with neither call nor answer, 0.0 for a
-call. One call per turn, the first [INF] (MatchTIR runs every call); an <answer> wins over any
-call, as in compute_process_KM. Parsing reads the last `extract.MAX_TEXT_CHARS` characters and
-at most `MAX_CALL_CHARS` / `MAX_BRACKETS` of a call's JSON [INF]: never slow or deep.
+turn of calls. Every call of a turn runs, in order, up to `max_calls` [INF] (MatchTIR runs every
+call); an <answer> wins over any call, as in compute_process_KM. Parsing is bounded as
+`tool_calls` says: never slow or deep.
 """
 import copy
 import dataclasses
@@ -34,13 +38,9 @@ import re
 from agentrl.envs import base
 from agentrl.envs import calculator
 from agentrl.envs import fictional
-from agentrl.rewards import extract
+from agentrl.envs import tool_calls
 from agentrl.rewards import verifiers
 
-MAX_CALL_CHARS = 2000
-MAX_BRACKETS = 16
-MAX_STRING_CHARS = 200
-MAX_NUMBER = 10**12
 MAX_DAYS = 100_000
 TASKS = ("weekday", "convert", "scale", "difference", "anniversary")
 WEEKDAYS = ("Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday")
@@ -50,30 +50,20 @@ UNITS = {"km": ("length", 1000), "m": ("length", 1), "cm": ("length", fractions.
          "g": ("mass", fractions.Fraction(1, 1000)), "h": ("time", 3600), "min": ("time", 60),
          "s": ("time", 1)}
 UNITS_OF = {"height": "m", "length": "km"}  # the unit `lookup` reports a measure in
-# name -> (description, {argument: JSON type}); the system prompt is rendered from this table.
-TOOLS = {
-    "lookup": ("a fact about an entity: towns have population and founded, towers have height "
-               "and opened, rivers have length", {"entity": "string", "attribute": "string"}),
-    "convert_units": (f"converts between units ({', '.join(UNITS)})",
-                      {"value": "number", "from_unit": "string", "to_unit": "string"}),
-    "calculator": ("evaluates numbers with + - * / // % ** and parentheses",
-                   {"expression": "string"}),
-    "add_days": ("the date (YYYY-MM-DD) a number of days after a date",
-                 {"date": "string", "days": "integer"}),
-    "weekday": ("the day of the week of a date (YYYY-MM-DD)", {"date": "string"}),
-}
-SYSTEM_PROMPT = (
-    "You can call these tools:\n"
-    + "\n".join(f"- {name}({', '.join(f'{a}: {t}' for a, t in args.items())}): {doc}"
-                for name, (doc, args) in TOOLS.items())
-    + "\nTo call a tool, write <tool_call>{\"name\": ..., \"arguments\": {...}}</tool_call> "
-    "(one call per turn) and stop; the result comes back as <tool_response>...</tool_response>. "
-    "Facts about the towns, towers and rivers are known only through the tools. When you know "
-    "the final answer, write <answer>answer</answer>.")
-
-
-class ToolError(ValueError):
-  """A call the env rejects; the message is shown to the model."""
+TOOLS = {tool.name: tool for tool in (
+    tool_calls.Tool("lookup", "a fact about an entity: towns have population and founded, "
+                    "towers have height and opened, rivers have length",
+                    {"entity": "string", "attribute": "string"}),
+    tool_calls.Tool("convert_units", f"converts between units ({', '.join(UNITS)})",
+                    {"value": "number", "from_unit": "string", "to_unit": "string"}),
+    tool_calls.Tool("calculator", "evaluates numbers with + - * / // % ** and parentheses",
+                    {"expression": "string"}, max_chars=calculator.MAX_CHARS),
+    tool_calls.Tool("add_days", "the date (YYYY-MM-DD) a number of days after a date",
+                    {"date": "string", "days": "integer"}),
+    tool_calls.Tool("weekday", "the day of the week of a date (YYYY-MM-DD)", {"date": "string"}),
+)}
+NOTES = "Facts about the towns, towers and rivers are known only through the tools."
+ToolError = tool_calls.ToolError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -145,10 +135,7 @@ def _convert_units(facts: dict, args: dict) -> dict:
 
 def _calculator(facts: dict, args: dict) -> dict:
   del facts
-  try:
-    return {"result": calculator.evaluate(args["expression"])}
-  except calculator.CalcError as e:
-    raise ToolError(str(e)) from e
+  return {"result": calculator.evaluate(args["expression"])}  # CalcError is a ToolError
 
 
 def _parse_date(text: str) -> datetime.date:
@@ -180,36 +167,12 @@ _IMPLS = {"lookup": _lookup, "convert_units": _convert_units, "calculator": _cal
           "add_days": _add_days, "weekday": _weekday}
 
 
-def _check_argument(name: str, value, kind: str):
-  if kind == "string":
-    if not isinstance(value, str):
-      raise ToolError(f"argument {name!r} must be a string")
-    if len(value) > MAX_STRING_CHARS:
-      raise ToolError(f"argument {name!r} is longer than {MAX_STRING_CHARS} characters")
-    return
-  if kind == "integer" and (isinstance(value, bool) or not isinstance(value, int)):
-    raise ToolError(f"argument {name!r} must be an integer")
-  if isinstance(value, bool) or not isinstance(value, (int, float)):
-    raise ToolError(f"argument {name!r} must be a number")
-  if not abs(value) <= MAX_NUMBER:  # also False for NaN; no float() of a huge int
-    raise ToolError(f"argument {name!r} must be a finite number of magnitude <= {MAX_NUMBER}")
-
-
 def run_tool(facts: dict, call: dict) -> dict:
   """The result dict of a parsed call {"name", "arguments"}; ToolError if it is not valid."""
   if call["name"] not in TOOLS:
     raise ToolError(f"unknown tool {call['name'][:40]!r}; the tools are {', '.join(TOOLS)}")
-  schema, args = TOOLS[call["name"]][1], call["arguments"]
-  unexpected = sorted(set(args) - set(schema))
-  missing = [a for a in schema if a not in args]
-  if unexpected or missing:
-    raise ToolError(f"{call['name']} takes arguments {', '.join(schema)}"
-                    + (f"; missing {', '.join(missing)}" if missing else "")
-                    + (f"; unexpected {', '.join(repr(a[:20]) for a in unexpected[:5])}"
-                       if unexpected else ""))
-  for arg, kind in schema.items():
-    _check_argument(arg, args[arg], kind)
-  return _IMPLS[call["name"]](facts, args)
+  tool_calls.check_arguments(TOOLS[call["name"]], call["arguments"])
+  return _IMPLS[call["name"]](facts, call["arguments"])
 
 
 # Tasks: a prompt, the calls that solve it (computed by running the tools), the answer.
@@ -276,39 +239,18 @@ def make_task(seed: int, kind: str = "mixed") -> Task:
   return Task(prompt, answer, tuple(calls), facts)
 
 
-# Parsing model text.
+def _same_value(given, gold) -> bool:
+  if isinstance(gold, str):
+    return isinstance(given, str) and _key(given) == _key(gold)
+  return not isinstance(given, (bool, str)) and given == gold
 
 
-def _loads(text: str):
-  """json.loads on a bounded string: length and bracket count are checked first."""
-  if len(text) > MAX_CALL_CHARS:
-    raise ToolError(f"tool call longer than {MAX_CALL_CHARS} characters")
-  if sum(text.count(c) for c in "[{") > MAX_BRACKETS:
-    raise ToolError(f"tool call nests more than {MAX_BRACKETS} brackets")
-  try:
-    return json.loads(text)
-  except (ValueError, RecursionError) as e:
-    raise ToolError(f"tool call is not valid JSON ({type(e).__name__})") from e
-
-
-def parse_call(text: str) -> dict:
-  """{"name": str, "arguments": dict} from the inside of a <tool_call> pair, or ToolError."""
-  call = _loads(text.strip())
-  if not isinstance(call, dict):
-    raise ToolError('a tool call must be a JSON object {"name": ..., "arguments": {...}}')
-  name, args = call.get("name"), call.get("arguments", {})
-  if not isinstance(name, str):
-    raise ToolError('a tool call needs a string "name"')
-  if isinstance(args, str):  # parse_qwen also accepts arguments serialized as a JSON string
-    args = _loads(args)
-  if not isinstance(args, dict):
-    raise ToolError('"arguments" must be a JSON object')
-  return {"name": name, "arguments": args}
-
-
-def format_call(call: dict) -> str:
-  """A call as the model writes it: <tool_call>{"name": ..., "arguments": {...}}</tool_call>."""
-  return f"<tool_call>{json.dumps(call)}</tool_call>"
+def matches_gold(call: dict, gold_calls) -> bool:
+  """The call names the tool of some gold call with its arguments (text compared as `lookup`
+  compares it: ignoring case and repeated spaces)."""
+  return any(call["name"] == gold["name"] and set(call["arguments"]) == set(gold["arguments"])
+             and all(_same_value(call["arguments"][k], v) for k, v in gold["arguments"].items())
+             for gold in gold_calls)
 
 
 def same_answer(given: str, gold: str) -> bool:
@@ -319,18 +261,38 @@ def same_answer(given: str, gold: str) -> bool:
   return verifiers.exact_match(given, gold, mode="raw", ignore_case=True) == 1.0
 
 
+def toolbox(tool_format: str = "hermes", max_calls: int = tool_calls.MAX_CALLS
+            ) -> tool_calls.Toolbox:
+  """The tools of this env in `tool_format` (one of tool_calls.FORMATS)."""
+  return tool_calls.Toolbox(list(TOOLS.values()), tool_format, max_calls=max_calls)
+
+
+def format_call(call: dict, tool_format: str = "hermes") -> str:
+  """A call {"name", "arguments"} as a model writes it in `tool_format`."""
+  return toolbox(tool_format).format_call(call)
+
+
 class ToolUseEnv:
-  """Multi-turn Env: <tool_call> JSON calls get <tool_response>/<error>; <answer> ends it."""
+  """Multi-turn Env: tool calls get results or <error>s; <answer> ends it (module docstring).
 
-  system_prompt = SYSTEM_PROMPT
+  Args:
+    task: "mixed" (a kind drawn per seed) or one of TASKS.
+    max_turns: the turn budget.
+    format_penalty: the reward (<= 0) of a turn with neither a call nor an answer.
+    tool_format: how calls and results are written, one of tool_calls.FORMATS.
+    max_calls: the most calls of one turn that run [INF].
+  """
 
-  def __init__(self, task: str = "mixed", *, max_turns: int = 6, format_penalty: float = 0.0):
+  def __init__(self, task: str = "mixed", *, max_turns: int = 6, format_penalty: float = 0.0,
+               tool_format: str = "hermes", max_calls: int = tool_calls.MAX_CALLS):
     if task != "mixed" and task not in TASKS:
       raise ValueError(f"task={task!r} must be 'mixed' or one of {TASKS}.")
     if max_turns < 1 or format_penalty > 0:
       raise ValueError(f"need max_turns >= 1 and format_penalty <= 0, got {max_turns}, "
                        f"{format_penalty}.")
     self.task, self.max_turns, self.format_penalty = task, max_turns, format_penalty
+    self.tools = toolbox(tool_format, max_calls)
+    self.system_prompt = self.tools.system_prompt(notes=NOTES)
     self._task, self._turn, self._calls, self._errors = None, 0, 0, 0
 
   @base.episode_reset
@@ -356,9 +318,9 @@ class ToolUseEnv:
     for call in task.gold_calls:
       if rng.random() < noise:
         first = next(iter(call["arguments"]))
-        actions.append(format_call({"name": call["name"], "arguments": {
+        actions.append(self.tools.format_call({"name": call["name"], "arguments": {
             **call["arguments"], first: rng.choice(sorted(task.facts))}}))
-      actions.append(format_call(call))
+      actions.append(self.tools.format_call(call))
     return (actions + [f"<answer>{task.answer}</answer>"])[:self.max_turns]
 
   @property
@@ -367,34 +329,34 @@ class ToolUseEnv:
       raise RuntimeError("ToolUseEnv.answer needs reset(seed) first.")
     return self._task.answer
 
-  def _info(self, reward: float, call: dict | None, **kwargs) -> base.Info:
-    return base.make_info(reward=reward, call=call, gold_calls=self.gold_calls,
+  def _info(self, reward: float, calls=(), **kwargs) -> base.Info:
+    read = [c.as_dict() for c in calls]
+    return base.make_info(reward=reward, call=read[0] if read else None,
+                          calls=[c for c in read if c is not None], gold_calls=self.gold_calls,
                           tool_calls=self._calls, tool_errors=self._errors,
                           target=self._task.answer, turn=self._turn, **kwargs)
+
+  def _execute(self, call: tool_calls.Call) -> str:
+    return json.dumps(run_tool(self._task.facts, call.as_dict()))
 
   @base.episode_step
   def step(self, action: str) -> base.StepResult:
     self._turn += 1
     last = self._turn >= self.max_turns
-    action = extract.cap(action)  # the scans below see a bounded, linear-time input
-    answer = next(extract.tag_spans(action, "answer"), None)
-    if answer is not None:
-      correct = same_answer(answer[2], self._task.answer)
-      return "", float(correct), True, self._info(float(correct), None, success=correct,
-                                                  answer=answer[2].strip()[:200])
-    found = next(extract.tag_spans(action, "tool_call"), None)
-    if found is None:
-      error = ("no tool call or answer; write <tool_call>{\"name\": ..., \"arguments\": "
-               "{...}}</tool_call> or <answer>...</answer>")
+    turn = self.tools.parse(action)
+    if turn.answer is not None:
+      correct = float(same_answer(turn.answer, self._task.answer))
+      return "", correct, True, self._info(correct, success=correct == 1.0, progress=correct,
+                                           answer=turn.answer.strip()[:200])
+    if not turn.calls:
+      error = self.tools.no_call_error("...")
       return (f"<error>{error}</error>", self.format_penalty, last,
-              self._info(self.format_penalty, None, error=error))
-    self._calls += 1
-    call = None
-    try:
-      call = parse_call(found[2])
-      result = run_tool(self._task.facts, call)
-      obs, error = f"<tool_response>{json.dumps(result)}</tool_response>", ""
-    except ToolError as e:
-      self._errors += 1
-      obs, error = f"<error>{e}</error>", str(e)
-    return obs, 0.0, last, self._info(0.0, call, error=error)
+              self._info(self.format_penalty, error=error, progress=0.0))
+    results = self.tools.run(turn.calls, self._execute)
+    self._calls += len(turn.calls)
+    self._errors += len(turn.calls) - results.ok
+    matched = sum(not error and matches_gold(call.as_dict(), self._task.gold_calls)
+                  for call, error in zip(turn.calls, results.errors))
+    return results.observation, 0.0, last, self._info(
+        0.0, turn.calls, error=results.error, progress=matched / len(turn.calls),
+        tool_results=list(results.tool_results))

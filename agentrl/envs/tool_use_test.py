@@ -118,6 +118,44 @@ class TaskTest(parameterized.TestCase):
       self.assertEqual((reward, done, info["success"]), (1.0, True, True), seed)
     self.assertEqual(set(lengths), {1, 2, 3})
 
+  def test_tags_format_plays_the_gold_trace(self):
+    env = tool_use.ToolUseEnv(tool_format="tags")
+    self.assertIn("- <weekday>date</weekday>: the day of the week", env.system_prompt)
+    for seed in range(40):
+      actions = env.demonstration(seed, random.Random(seed))
+      env.reset(seed)
+      for action, call in zip(actions, env.gold_calls):
+        self.assertTrue(action.startswith(f"<{call['name']}>"), action)
+        obs, reward, done, info = env.step(action)
+        self.assertTrue(obs.startswith("<result>{"), obs)
+        self.assertEqual((reward, done, info["error"], info["progress"]), (0.0, False, "", 1.0))
+        self.assertEqual(info["call"], call)
+      _, reward, done, _ = env.step(actions[-1])
+      self.assertEqual((reward, done), (1.0, True), seed)
+
+  def test_several_calls_in_one_turn_and_progress(self):
+    env = tool_use.ToolUseEnv("difference")
+    env.reset(4)
+    first, second, _ = env.gold_calls
+    wrong = {"name": "lookup", "arguments": {**first["arguments"], "attribute": "founded"}}
+    text = _call_text(first) + "\n" + _call_text(wrong) + _call_text(second)
+    obs, reward, done, info = env.step(text)
+    self.assertEqual((reward, done, info["error"]), (0.0, False, ""))
+    self.assertEqual(obs.count("<tool_response>"), 3)
+    self.assertEqual(info["calls"], [first, wrong, second])
+    self.assertEqual(info["call"], first)
+    self.assertAlmostEqual(info["progress"], 2 / 3)   # the wrong lookup ran but matches no gold
+    self.assertEqual(info["tool_calls"], 3)
+    self.assertEqual([json.loads(r) for r in info["tool_results"]],
+                     [json.loads(part.removeprefix("<tool_response>")
+                                 .removesuffix("</tool_response>")) for part in obs.split("\n")])
+    # Matching ignores case and repeated spaces in text, as lookup does.
+    loud = {"name": "lookup", "arguments": {k: f" {v.upper()} " for k, v in
+                                            first["arguments"].items()}}
+    self.assertTrue(tool_use.matches_gold(loud, [first]))
+    _, _, _, info = env.step(_call_text({"name": "rm", "arguments": {}}))
+    self.assertEqual((info["progress"], info["tool_errors"]), (0.0, 1))
+
   def test_wrong_answer_scores_zero(self):
     env = tool_use.ToolUseEnv()
     for seed in range(20):

@@ -21,6 +21,16 @@ emitted the end-of-turn token, its copy at the start of the rendered text is dro
 `chat_template=False` (tiny from-scratch models, raw-text tasks) the first observation is
 encoded with BOS and later ones are appended as plain text.
 
+Roles. The observation is a user message, except the results of a tool turn: when the env
+lists them in info["tool_results"] (envs/tool_calls.py; envs/base.py) and the template has a
+tool role, each is a message of role "tool", which the template renders its own way (Qwen2.5's
+wraps them in <tool_response> inside one user turn). A template has a tool role when its source
+names the role as a string ('tool' or "tool"): Qwen, Llama 3.1, Mistral and Hermes templates
+do; ChatML (SmolLM2) and Gemma's do not, and get the observation text as a user message.
+`Renderer(tool_role=...)` overrides the detection. Tool results are used only when they are
+strings and together no longer than the observation (they are its parts, so an observation
+SafeEnv cut short falls back to the text).
+
 Every env is wrapped in `agentrl.envs.safe.SafeEnv` (unless it already is one), so bad input
 never crashes a rollout (docs/architecture.md §6) and every case is counted in the metrics:
   env/env_errors     reset or step raised. A failed reset leaves the row with the error text
@@ -46,6 +56,7 @@ own turn limit) ended the row before the env finished the episode.
 """
 import collections
 import dataclasses
+import re
 import warnings
 from typing import Any, Callable, Sequence
 
@@ -56,6 +67,8 @@ from agentrl.envs import safe
 from agentrl.rollout import sampler as sampler_lib
 
 _PLACEHOLDER = "AGENTRLASSISTANTTURNPLACEHOLDER"
+_TOOL_ROLE = re.compile(r"""['"]tool['"]""")
+TOOL_RESULTS = "tool_results"   # the info key of a tool turn's results (envs/base.py)
 
 
 @dataclasses.dataclass
@@ -110,11 +123,35 @@ class Row:
         infos=list(self.infos))
 
 
-class Renderer:
-  """Turns env text into token ids: the only place the loop calls `tok.encode`."""
+def has_tool_role(tok) -> bool:
+  """Whether the tokenizer's chat template names a "tool" role (module docstring, "Roles")."""
+  return bool(_TOOL_ROLE.search(getattr(tok, "chat_template", None) or ""))
 
-  def __init__(self, tok, *, chat_template: bool, system_prompt: str | None):
+
+def tool_messages(tool_results, obs: str) -> list[dict] | None:
+  """The tool messages of `tool_results` (info["tool_results"]), or None when they are not a
+  non-empty list of strings at most as long in total as the observation `obs`."""
+  if (not isinstance(tool_results, (list, tuple)) or not tool_results
+      or not all(isinstance(r, str) for r in tool_results)
+      or sum(len(r) for r in tool_results) > len(obs)):
+    return None
+  return [{"role": "tool", "content": r} for r in tool_results]
+
+
+class Renderer:
+  """Turns env text into token ids: the only place the loop calls `tok.encode`.
+
+  Args:
+    tok: the tokenizer.
+    chat_template: render through tok.apply_chat_template (else raw text).
+    system_prompt: overrides the env's own system prompt (None: the env's).
+    tool_role: render tool results as "tool" messages (None: when the template has the role).
+  """
+
+  def __init__(self, tok, *, chat_template: bool, system_prompt: str | None,
+               tool_role: bool | None = None):
     self.tok, self.chat_template, self.system_prompt = tok, chat_template, system_prompt
+    self.tool_role = has_tool_role(tok) if tool_role is None else bool(tool_role)
 
   def prompt(self, text: str, env_system_prompt: str) -> list[int]:
     if not self.chat_template:
@@ -125,13 +162,15 @@ class Renderer:
     return list(self.tok.encode(self.tok.apply_chat_template(messages,
                                                              add_generation_prompt=True)))
 
-  def observation(self, text: str, model_eot: int | None) -> list[int]:
-    """Ids of the text that follows an assistant turn and carries the observation `text`."""
+  def observation(self, text: str, model_eot: int | None, tool_results=None) -> list[int]:
+    """Ids of the text that follows an assistant turn and carries the observation `text`, or
+    the tool messages of `tool_results` where the template has a tool role."""
     if not self.chat_template:
       return list(self.tok.encode(text))
+    reply = tool_messages(tool_results, text) if self.tool_role else None
     rendered = self.tok.apply_chat_template(
         [{"role": "user", "content": "q"}, {"role": "assistant", "content": _PLACEHOLDER},
-         {"role": "user", "content": text}], add_generation_prompt=True)
+         *(reply or [{"role": "user", "content": text}])], add_generation_prompt=True)
     at = rendered.find(_PLACEHOLDER)
     if at < 0:
       raise ValueError("The tokenizer's chat template does not render assistant content "
@@ -167,7 +206,8 @@ def apply_step(row: Row, result, stopped: bool, turn: int, *, render: Renderer,
   elif last_turn or len(row.tokens) >= max_len:
     row.finish(truncated=True)
   else:
-    obs_ids = render.observation(obs, row.tokens[-1] if stopped else None)
+    obs_ids = render.observation(obs, row.tokens[-1] if stopped else None,
+                                 info.get(TOOL_RESULTS))
     if len(row.tokens) + len(obs_ids) >= max_len:    # no room left for a model turn
       counts["obs_overflow"] += 1
       row.finish(truncated=True)
@@ -290,7 +330,7 @@ def scripted(tok, env, seed, actions: Sequence[str], *, chat_template: bool,
       row.finish(done=True)
       break
     if turn < len(actions) - 1:   # as a rollout, no observation after the last turn
-      row.append(render.observation(obs, stop), turn=turn)
+      row.append(render.observation(obs, stop, info.get(TOOL_RESULTS)), turn=turn)
   return row.trajectory()
 
 

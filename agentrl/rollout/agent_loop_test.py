@@ -178,6 +178,30 @@ class AgentLoopTest(absltest.TestCase):
       self.assertTrue(t.truncated)                             # the turn budget ended it
     self.assertIn("<eot><user>Error: empty<eot><asst>", tok.encoded)
 
+  def test_tool_results_take_the_tool_role_where_the_template_has_one(self):
+    class ToolEnv(ScriptedEnv):
+      def step(self, action):
+        obs, reward, done, info = super().step(action)
+        return obs, reward, done, {**info, "tool_results": ["oo", "ooo"]}   # parts of "ooooo"
+
+    class ToolTokenizer(CharTokenizer):
+      chat_template = "{% if message.role == 'tool' %}...{% endif %}"   # names the role
+      ROLES = {**CharTokenizer.ROLES, "tool": "<user>[tool]"}
+
+    self.assertFalse(agent_loop.has_tool_role(CharTokenizer()))
+    self.assertTrue(agent_loop.has_tool_role(ToolTokenizer()))
+    trajs, _, spy, tok = self._run([ToolEnv()], tok=ToolTokenizer(), max_turns=2)
+    self.assertIn("<eot><user>[tool]oo<eot><user>[tool]ooo<eot><asst>", tok.encoded)
+    self.assertNotIn("<eot><user>ooooo<eot><asst>", tok.encoded)
+    _, _, _, plain = self._run([ToolEnv()], max_turns=2)     # no tool role: the text, as user
+    self.assertIn("<eot><user>ooooo<eot><asst>", plain.encoded)
+    # The sampled ids stay as sampled; the tool messages are context (loss_mask 0).
+    n = int(spy.calls[0][1].lengths_B[0])
+    t = trajs[0]
+    np.testing.assert_array_equal(t.tokens[t.prompt_len:t.prompt_len + n],
+                                  spy.calls[0][1].tokens_BN[0, :n])
+    self.assertEqual(t.loss_mask.sum(), sum(int(out.lengths_B[0]) for _, out in spy.calls))
+
   def test_raising_env_is_contained(self):
     envs = [ScriptedEnv(fail_on_step=1), ScriptedEnv(fail_on_reset=True), ScriptedEnv()]
     trajs, metrics, _, _ = self._run(envs)

@@ -26,8 +26,8 @@ Per trajectory i and model turn k (docs/algorithms.md §5):
   every policy token of turn k gets A_k; env/tool tokens get none (loss mask 0).
 The loss is the PPO clipped surrogate. A2TGPO's (iii) adaptive turn-level clipping is left
 out: its functional form is not published (docs/algorithms.md §5). loss.credit swaps the
-credit for IGPO's own advantage, GiGPO's, SIOP's, InfoPO's or outcome-only GRPO, with
-everything else equal (scripts/credit_study.py compares them):
+credit for IGPO's own advantage, GiGPO's, SIOP's, InfoPO's, MAPO's, the certainty mix or
+outcome-only GRPO, with everything else equal (scripts/credit_study.py compares them):
 
   siop    (arXiv 2605.04984, `credit.siop`) needs no gold answer: a group's final commands
           ("guess 37") are clustered into modes (exact match), each rollout's mode gives up to
@@ -39,8 +39,14 @@ everything else equal (scripts/credit_study.py compares them):
           moves the next turn, the mean log pi(turn t+1 | real) - log pi(turn t+1 | observation
           t replaced by a same-length placeholder), one teacher-forced pass per observation;
           added, gated by the group's outcome spread, to the outcome's GRPO advantage.
-  mapo    (arXiv 2509.18849, `credit.mapo`): the outcome's group z-score mixed with its percent
-          deviation (R - mean) / mean by the group's certainty p, weight 1 - 4p(1 - p).
+  mapo    (arXiv 2603.06194, `credit.mapo`): per-turn reward = loss.progress_coef x the env's
+          progress signal (info["progress"], standing in for MAPO's judge, which is not built)
+          + the env's turn reward; Monte-Carlo returns (loss.gamma); advantage = w x the
+          return's z-score within its (prompt, turn index) group + (1 - w) x its z-score over
+          the batch's turns, w = loss.turn_weight.
+  certainty_mix (MAPO of arXiv 2509.18849, `credit.certainty_mix`): the outcome's group z-score
+          mixed with its percent deviation (R - mean) / mean by the group's certainty p,
+          weight 1 - 4p(1 - p).
 
 Presets: `cpu` (default) is the main job: a tiny scratch model warm-started by SFT on the
 game's scripted demonstrations (`hidden_rule.demonstration`, to `sft.target_success`), then
@@ -62,6 +68,7 @@ import numpy as np
 
 from agentrl.advantages import estimators
 from agentrl import configs
+from agentrl.credit import certainty_mix
 from agentrl.credit import gigpo
 from agentrl.credit import igpo
 from agentrl.credit import infopo
@@ -106,15 +113,18 @@ def get_config(arg: str | None = None) -> mlc.ConfigDict:
   # weight: agentrl.credit.gigpo; its launchers use gamma 0.95), "siop" (the group's own final
   # answers as references, no gold: agentrl.credit.siop, its defaults lambda 0.5, eta 1.0, 3
   # references), "infopo" (counterfactual-observation information + gated outcome GRPO:
-  # agentrl.credit.infopo, its defaults), "mapo" (certainty-mixed outcome advantage:
-  # agentrl.credit.mapo) or "grpo" (outcome GRPO on every turn). gamma discounts
-  # later turns' advantages (not InfoPO's); probe_len is the room left for the gold action (SIOP:
-  # each reference answer, cut to it) after the history in the probes.
+  # agentrl.credit.infopo, its defaults), "mapo" (MAPO, arXiv 2603.06194: Monte-Carlo returns
+  # of progress_coef x the env's progress signal + its turn rewards, turn_weight the share of
+  # the turn-level normalization against the batch-level one: agentrl.credit.mapo, [INF]
+  # defaults 1.0 and 0.5), "certainty_mix" (MAPO of arXiv 2509.18849, the certainty-mixed
+  # outcome advantage: agentrl.credit.certainty_mix) or "grpo" (outcome GRPO on every turn).
+  # gamma discounts later turns' advantages (not InfoPO's); probe_len is the room left for the
+  # gold action (SIOP: each reference answer, cut to it) after the history in the probes.
   # agg: seq-mean-token-mean weighs every episode equally, so the tokens every turn shares
   # ("guess", the stop id) get no net push from failed episodes being longer than solved ones;
   # token-mean in the chat-model presets, as verl.
   c.loss = dict(credit="a2tgpo_igpo", eps_low=0.2, eps_high=0.2, agg="seq-mean-token-mean",
-                gamma=1.0, probe_len=16, omega=1.0)
+                gamma=1.0, probe_len=16, omega=1.0, progress_coef=1.0, turn_weight=0.5)
   if arg.preset == "cpu" and not arg.smoke:
     # The closeness reward grades failed episodes by how far their guesses narrowed the secret
     # down, so a group whose samples all fail still carries a gradient (with the outcome alone,
@@ -148,7 +158,7 @@ def get_config(arg: str | None = None) -> mlc.ConfigDict:
   return c
 
 
-CREDITS = ("a2tgpo_igpo", "igpo", "gigpo", "siop", "infopo", "mapo", "grpo")
+CREDITS = ("a2tgpo_igpo", "igpo", "gigpo", "siop", "infopo", "mapo", "certainty_mix", "grpo")
 PROBED = ("a2tgpo_igpo", "igpo")   # credits that need the gold-answer probes
 # What a credit needs of the env (a registry.Row attribute), and what that is.
 NEEDS = {"a2tgpo_igpo": ("gold_action", "the gold action of its answer probes"),
@@ -162,6 +172,8 @@ SCHEMA = {
     "rollout.group_size": configs.Key(int, min=2, why="for turn-group normalization"),
     "loss.credit": configs.Key(str, choices=CREDITS),
     "loss.omega": configs.Key(float, min=0.0),
+    "loss.progress_coef": configs.Key(float, min=0.0),
+    "loss.turn_weight": configs.Key(float, min=0.0, max=1.0),
     "loss.eps_low": configs.Key(float, min=0.0, max=1.0),
     "loss.eps_high": configs.Key(float, min=0.0),
     "loss.agg": configs.Key(str, choices=tuple(m for m in aggregation.MODES if m != "seq-mean")),
@@ -209,7 +221,8 @@ def make_advantage_fn(config):
   gigpo: the episode's group advantage + omega x the anchor-state step advantage;
   siop: SIOP's reference-likelihood turn rewards -> its group-pooled z-scores and returns;
   infopo: outcome GRPO + the gated counterfactual information of each observation;
-  mapo: MAPO's certainty-weighted mix of the outcome's z-score and percent deviation;
+  mapo: turn-level / batch-level mixed z-scores of the progress + env-reward returns;
+  certainty_mix: the certainty-weighted mix of the outcome's z-score and percent deviation;
   grpo: the outcome's group z-score on every policy token (`estimators.grpo_step`).
   """
   G, gamma, credit = config.rollout.group_size, config.loss.gamma, config.loss.credit
@@ -223,10 +236,18 @@ def make_advantage_fn(config):
   def to_tokens(batch, value_BU):
     return estimators.broadcast_turn_to_tokens(value_BU, batch.turn_BT, batch.loss_mask_BT)
 
-  def mapo_fn(batch: types.Batch, extras):
+  def certainty_mix_fn(batch: types.Batch, extras):
     del extras
-    adv_B = mapo.mapo(batch.reward_B, group_size=G)
+    adv_B = certainty_mix.certainty_mix(batch.reward_B, group_size=G)
     return done(batch, estimators.broadcast_to_tokens(adv_B, batch.loss_mask_BT), {})
+
+  def mapo_fn(batch: types.Batch, extras):
+    mask_BU = extras["turn_mask_BU"]
+    adv_BU = mapo.mapo(extras["env_reward_BU"], extras["progress_BU"], mask_BU, group_size=G,
+                       progress_coef=config.loss.progress_coef, gamma=gamma,
+                       turn_weight=config.loss.turn_weight)
+    return done(batch, to_tokens(batch, adv_BU),
+                {"progress_mean": aggregation.masked_mean(extras["progress_BU"], mask_BU)})
 
   def gigpo_fn(batch: types.Batch, extras):
     adv_BU = gigpo.gigpo(batch.reward_B, extras["step_reward_BU"], extras["anchor_id_BU"],
@@ -269,7 +290,7 @@ def make_advantage_fn(config):
         "info_mean": aggregation.masked_mean(info_BU, extras["feedback_BU"])})
 
   return {"a2tgpo_igpo": a2tgpo_fn, "igpo": igpo_fn, "gigpo": gigpo_fn, "siop": siop_fn,
-          "infopo": infopo_fn, "mapo": mapo_fn}[credit]
+          "infopo": infopo_fn, "mapo": mapo_fn, "certainty_mix": certainty_mix_fn}[credit]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -349,6 +370,8 @@ def make_rollout_fn(config, engine, tok, make_env, data, mesh, probe_step,
     if credit == "gigpo":
       extras = jax.device_put(
           probes.step_groups(trajs, group_size=rc.group_size, max_turns=U), rows)
+    elif credit == "mapo":
+      extras = jax.device_put(probes.turn_signals(trajs, max_turns=U), rows)
     elif credit in PROBED:
       extras = gold_extras(trajs, golds(seeds), probe_step, params, U=U, length=length,
                            pad_id=tok.pad_id, rows=rows)
@@ -410,7 +433,8 @@ def train(config: mlc.ConfigDict, workdir: str) -> dict:
         advantage_fn=jax.jit(make_advantage_fn(config)), update_fn=update_step, data=data,
         evaluate=recipe.evaluator(config, engine, tok, make_env), **recipe.loop_options(config))
   name = {"a2tgpo_igpo": "A2TGPO", "igpo": "IGPO", "gigpo": "GiGPO", "siop": "SIOP",
-          "infopo": "InfoPO", "mapo": "MAPO", "grpo": "GRPO (multi-turn)"}[config.loss.credit]
+          "infopo": "InfoPO", "mapo": "MAPO", "certainty_mix": "certainty mix (MAPO, 2509.18849)",
+          "grpo": "GRPO (multi-turn)"}[config.loss.credit]
   return rundir.write_summary(workdir, result, name=name, start=start, sft_info=sft_info)
 
 
