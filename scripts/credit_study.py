@@ -4,6 +4,7 @@ r"""Credit-assignment study: outcome-only GRPO vs turn-level credit on multi-tur
   python scripts/credit_study.py --out=runs/credit_study          # 8 methods x 3 seeds
   python scripts/credit_study.py --out=/tmp/cs --methods=grpo --seeds=1 --steps=4
   python scripts/credit_study.py --task=tool_use --out=runs/tool_study --steps=75
+  python scripts/make_game_pool.py && python scripts/credit_study.py --task=textworld
 
 --task=hidden_rule (default): every run is `python -m experiments.agents.agent` with its `cpu`
 preset (the number-guessing hidden-rule game, 7 turns, a tiny model warm-started by SFT on
@@ -35,14 +36,45 @@ a third of the preset's rate, at which neither credit loses the call format in i
                the dual-level (trajectory + turn) advantage;
   matchtir_ot  the same with optimal-transport (Sinkhorn) matching.
 
+--task=textworld: the long-horizon task. Every run is `experiments.agents.agent` (or
+`experiments.agents.spa_rl`) with its `textworld` preset (`registry.TEXTWORLD_STUDY`): TextWorld
+coin collector at level 15, a chain of 15 rooms with the coin in the last (the walkthrough is 14
+moves and "take coin"); the opening objective, which recites that walkthrough, is dropped, so
+each room's two exits (the way back and the way on) are all the agent sees: 20 turns (at most
+two steps back and forth spare), compact observations (the room's name and its commands),
+reward 1 for taking the coin and nothing else (sparse by construction); one step back in a
+failed episode is the turn that lost it. 200 training games and 64 each for held-out
+evaluation and SFT validation, generated once by scripts/make_game_pool.py (else each run
+generates the games it meets). The tiny scratch model is warm-started by SFT on the
+walkthroughs to 30% validation success; 8 games x 8 samples per step; held-out greedy success
+on the 64 games:
+
+  grpo, gigpo, infopo, mapo, certainty_mix   as above (mapo: TextWorld's intermediate reward,
+               1 for a command that shortened the winning command sequence, is its progress
+               signal);
+  spa_rl       SPA-RL (`experiments.agents.spa_rl`, the same warm start): an online progress
+               estimator's turn contributions + 0.5 for an admissible command.
+
+Not run on it: igpo and a2tgpo_igpo (their probes score a gold final answer after each turn; a
+navigation episode has none: "take coin" is every game's winning command and is likely only in
+the coin's room, and the walkthrough's next command changes with the state, so neither is the
+fixed answer whose likelihood IGPO's information gain tracks); siop (it runs on textworld,
+the last command read as the episode's answer, but its probe pass scores 3 references after
+the prompt and after each of 20 turns, 63 rows of 272 tokens per episode, 4032 per step, in one
+forward: it ran out of this machine's memory, asking for 30 GB); SPO-chain
+(`experiments.agents.spo_chain` samples Monte-Carlo continuations of one single-turn response;
+multi-turn values would need the env replayed under every cut); OPRL and MatchTIR (the one is
+wired to the hidden-rule game, the other needs gold tool-call traces).
+
 Equal budgets: the same RL steps, prompts and samples per step (so the same env steps), the
 same held-out evaluation, and one shared SFT warm start (the first run trains it, the others get
 a copy), so methods differ only in credit and seeds only in the RL runs' randomness. Resumable:
-finished runs are skipped, killed ones resume. Writes <out>/study_task (a study of the other
+finished runs are skipped, killed ones resume. Writes <out>/study_task (a study of another
 task refuses the directory), <out>/<method>_seed<s>/, <out>/results.txt (the table and the
 command) and <out>/credit_study.png (held-out success per step, mean over seeds, +- one
 standard deviation shaded).
 """
+import dataclasses
 import os
 import time
 
@@ -55,32 +87,64 @@ import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top,wrong-imp
 
 from agentrl.records import study
 
-# task -> (experiment, {method: its config overrides}, the overrides of every run, plot title).
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+  """A study's task.
+
+  Attributes:
+    methods: method -> (its experiment's file name, its config overrides).
+    flags: the overrides of every run.
+    title: the plot's title.
+    out: the default --out.
+    preset: every run's experiment preset ("": the experiment's default).
+  """
+  methods: dict[str, tuple[str, list[str]]]
+  flags: list[str]
+  title: str
+  out: str
+  preset: str = ""
+
+
+def _agent(*overrides: str) -> tuple[str, list[str]]:
+  return "agent", list(overrides)
+
+
 TASKS = {
-    "hidden_rule": ("agent", {
-        "grpo": ["--config.loss.credit=grpo"],
-        "a2tgpo_igpo": ["--config.loss.credit=a2tgpo_igpo"],
-        "igpo": ["--config.loss.credit=igpo"],
-        "gigpo": ["--config.loss.credit=gigpo", "--config.loss.gamma=0.95"],
-        "siop": ["--config.loss.credit=siop"],
-        "infopo": ["--config.loss.credit=infopo"],
-        "mapo": ["--config.loss.credit=mapo"],
-        "certainty_mix": ["--config.loss.credit=certainty_mix"],
+    "hidden_rule": Task({
+        "grpo": _agent("--config.loss.credit=grpo"),
+        "a2tgpo_igpo": _agent("--config.loss.credit=a2tgpo_igpo"),
+        "igpo": _agent("--config.loss.credit=igpo"),
+        "gigpo": _agent("--config.loss.credit=gigpo", "--config.loss.gamma=0.95"),
+        "siop": _agent("--config.loss.credit=siop"),
+        "infopo": _agent("--config.loss.credit=infopo"),
+        "mapo": _agent("--config.loss.credit=mapo"),
+        "certainty_mix": _agent("--config.loss.credit=certainty_mix"),
     }, ["--config.task.closeness_reward=0", "--config.sft.eval_every=10"],
-        "hidden-rule guessing game"),
-    "tool_use": ("matchtir", {
-        "grpo": ["--config.loss.credit=grpo"],
-        "matchtir": ["--config.loss.credit=matchtir", "--config.loss.matching=kuhn_munkres"],
-        "matchtir_ot": ["--config.loss.credit=matchtir", "--config.loss.matching=ot"],
-    }, ["--config.optim.lr=1e-4"], "multi-turn tool use"),
+        "hidden-rule guessing game", "runs/credit_study"),
+    "tool_use": Task({
+        "grpo": ("matchtir", ["--config.loss.credit=grpo"]),
+        "matchtir": ("matchtir", ["--config.loss.credit=matchtir",
+                                  "--config.loss.matching=kuhn_munkres"]),
+        "matchtir_ot": ("matchtir", ["--config.loss.credit=matchtir",
+                                     "--config.loss.matching=ot"]),
+    }, ["--config.optim.lr=1e-4"], "multi-turn tool use", "runs/tool_study"),
+    "textworld": Task({
+        **{credit: _agent(f"--config.loss.credit={credit}")
+           for credit in ("grpo", "infopo", "mapo", "certainty_mix")},
+        "gigpo": _agent("--config.loss.credit=gigpo", "--config.loss.gamma=0.95"),
+        "spa_rl": ("spa_rl", []),
+    }, [], "TextWorld coin collector, 20 turns", "runs/textworld_study", preset="textworld"),
 }
 
 _TASK = flags.DEFINE_enum("task", "hidden_rule", list(TASKS), "The multi-turn task.")
 _OUT = flags.DEFINE_string("out", None, "Directory of the runs and results (default: "
-                           "runs/credit_study, or runs/tool_study with --task=tool_use).")
+                           + ", ".join(f"{t.out} for --task={n}" for n, t in TASKS.items())
+                           + ").")
 _METHODS = flags.DEFINE_list(
     "methods", None, "Methods (default: all of the task's): "
-    + "; ".join(f"{task}: {','.join(methods)}" for task, (_, methods, _, _) in TASKS.items()))
+    + "; ".join(f"{name}: {','.join(task.methods)}" for name, task in TASKS.items()))
 _SEEDS = flags.DEFINE_integer("seeds", 3, "Seeds 0 .. seeds-1 per method.")
 _STEPS = flags.DEFINE_integer("steps", 150, "RL steps per run.")
 _EVAL_EVERY = flags.DEFINE_integer("eval_every", 25, "Held-out evaluation every N steps.")
@@ -89,7 +153,7 @@ _EVAL_PROBLEMS = flags.DEFINE_integer("eval_problems", 0,
 
 
 def out_dir() -> str:
-  return _OUT.value or ("runs/tool_study" if _TASK.value == "tool_use" else "runs/credit_study")
+  return _OUT.value or TASKS[_TASK.value].out
 
 
 def run_dir(method: str, seed: int) -> str:
@@ -113,16 +177,21 @@ def claim_out_dir(out: str, task: str) -> None:
 
 
 def train(method: str, seed: int) -> None:
-  experiment, methods, task_flags, _ = TASKS[_TASK.value]
+  task = TASKS[_TASK.value]
+  experiment, method_flags = task.methods[method]
   workdir = run_dir(method, seed)
-  study.share_warm_start(workdir, [run_dir(m, s) for m in methods for s in range(_SEEDS.value)])
+  study.share_warm_start(workdir,
+                         [run_dir(m, s) for m in task.methods for s in range(_SEEDS.value)])
   eval_problems = ([f"--config.eval.num_problems={_EVAL_PROBLEMS.value}"]
                    if _EVAL_PROBLEMS.value else [])
+  # The config file first: the --config.<key> overrides apply to its preset.
+  preset = ([f"--config={study.experiment_module(experiment).replace('.', '/')}.py:"
+             f"{task.preset}"] if task.preset else [])
   timing = study.run_experiment(experiment, workdir, [
-      f"--config.seed={seed}", f"--config.total_steps={_STEPS.value}",
+      *preset, f"--config.seed={seed}", f"--config.total_steps={_STEPS.value}",
       f"--config.eval.every={_EVAL_EVERY.value}", *eval_problems,
       f"--config.log.save_every={_EVAL_EVERY.value}", "--config.log.tensorboard=False",
-      *task_flags, *methods[method]])
+      *task.flags, *method_flags])
   print(f"{method} seed {seed}: {timing['wall_s']:.0f}s wall, {timing['cpu_s']:.0f}s CPU",
         flush=True)
 
@@ -159,7 +228,7 @@ def plot(runs: dict, path: str) -> None:
     ax.fill_between(x, y.mean(0) - y.std(0), y.mean(0) + y.std(0), alpha=0.2)
   ax.set_xlabel("RL step")
   ax.set_ylabel("held-out greedy success (%)")
-  ax.set_title(f"{TASKS[_TASK.value][3]}, {len(next(iter(runs.values())))} seeds")
+  ax.set_title(f"{TASKS[_TASK.value].title}, {len(next(iter(runs.values())))} seeds")
   ax.grid(alpha=0.3)
   ax.legend()
   fig.tight_layout()
@@ -169,7 +238,7 @@ def plot(runs: dict, path: str) -> None:
 
 def main(argv):
   del argv
-  methods = TASKS[_TASK.value][1]
+  methods = TASKS[_TASK.value].methods
   chosen = _METHODS.value or list(methods)
   unknown = sorted(set(chosen) - set(methods))
   if unknown:

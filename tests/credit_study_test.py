@@ -2,7 +2,9 @@
 
 The study passes `--config.<key>=<value>` overrides to an experiment binary; a typo there would
 only show after the first run's SFT. Here each task's and method's overrides are applied to the
-experiment's `cpu` config and validated against its schema, without running anything.
+experiment's config (the task's preset) and validated against its schema, without running
+anything. The textworld task's path runs end to end at smoke size: agent.py's preset trains the
+warm start, spa_rl.py's reuses it, as the study shares it.
 """
 import functools
 import importlib
@@ -14,9 +16,16 @@ import tempfile
 from absl.testing import absltest
 
 from agentrl import configs
+from agentrl.envs import registry
+from agentrl.envs import textworld_env
 from agentrl.harness import recipe
 from agentrl.harness import rl_config
 from agentrl.records import study
+
+try:
+  import textworld  # pylint: disable=g-import-not-at-top
+except ImportError:
+  textworld = None
 
 _SCRIPT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts",
                        "credit_study.py")
@@ -44,17 +53,60 @@ class CreditStudyTest(absltest.TestCase):
 
   def test_every_method_override_validates(self):
     tasks = _load_script().TASKS
-    self.assertEqual(set(tasks), {"hidden_rule", "tool_use"})
-    for task, (experiment, methods, task_flags, _) in tasks.items():
-      module = importlib.import_module(study.experiment_module(experiment))
-      self.assertIn("grpo", methods, task)   # every task has the outcome-only baseline
-      for method, method_flags in methods.items():
-        config = module.get_config()
-        for override in (*task_flags, *method_flags):
+    self.assertEqual(set(tasks), {"hidden_rule", "tool_use", "textworld"})
+    for name, task in tasks.items():
+      self.assertIn("grpo", task.methods, name)   # every task has the outcome-only baseline
+      for method, (experiment, method_flags) in task.methods.items():
+        module = importlib.import_module(study.experiment_module(experiment))
+        config = module.get_config(task.preset or None)
+        for override in (*task.flags, *method_flags):
           _apply(config, override)
         rl_config.validate(config, module.SCHEMA)
-        self.assertEqual(config.loss.credit, "grpo" if method == "grpo" else
-                         method.removesuffix("_ot"), f"{task}/{method}")
+        if "credit" in config.loss:
+          self.assertEqual(config.loss.credit, method.removesuffix("_ot"), f"{name}/{method}")
+          if hasattr(module, "check_credit"):
+            module.check_credit(config)   # the env offers what the credit needs
+        else:
+          self.assertEqual(experiment, method, f"{name}/{method}")
+
+  def test_textworld_presets_share_one_warm_start(self):
+    # The study copies the first run's SFT policy into every other run, spa_rl's included: the
+    # two presets must build the same task, model and tokenizer.
+    agent = importlib.import_module("experiments.agents.agent")
+    spa_rl = importlib.import_module("experiments.agents.spa_rl")
+    for arg in ("preset=textworld,smoke", "textworld"):
+      a, s = agent.get_config(arg).to_dict(), spa_rl.get_config(arg).to_dict()
+      read = set(registry.COMMON) | set(registry.ENVS["textworld"].fields)   # the env's keys
+      self.assertEqual({k: v for k, v in s["task"].items() if k in read},
+                       {k: v for k, v in a["task"].items() if k in read}, arg)
+      self.assertEqual(s["model"], a["model"], arg)
+    # And the same SFT, rollouts and budget (smoke keeps each experiment's own).
+    for key in ("sft", "eval", "optim", "total_steps"):
+      self.assertEqual(s[key], a[key], key)
+    shared = set(s["rollout"]) & set(a["rollout"])   # agent's own rollout keys aside
+    self.assertEqual({k: s["rollout"][k] for k in shared}, {k: a["rollout"][k] for k in shared})
+
+  @absltest.skipIf(textworld is None, "textworld is not installed (pip install -e '.[envs]')")
+  def test_textworld_path_end_to_end(self):
+    agent = importlib.import_module("experiments.agents.agent")
+    spa_rl = importlib.import_module("experiments.agents.spa_rl")
+    root = tempfile.mkdtemp()
+    self.addCleanup(shutil.rmtree, root, ignore_errors=True)
+    first, second = os.path.join(root, "grpo_seed0"), os.path.join(root, "spa_rl_seed0")
+    config = agent.get_config("preset=textworld,smoke")
+    config.task.game_pool = textworld_env.pool_dir()   # games cached across test runs
+    trained = agent.train(config, first)
+    self.assertEqual(trained["steps"], config.total_steps)
+    self.assertGreater(trained["sft"]["steps"], 0)
+    study.share_warm_start(second, [first])
+    config = spa_rl.get_config("preset=textworld,smoke")
+    config.task.game_pool = textworld_env.pool_dir()
+    reused = spa_rl.train(config, second)
+    self.assertEqual(reused["steps"], config.total_steps)
+    self.assertEqual(reused["sft"], trained["sft"])   # restored, not trained again
+    for run in (first, second):
+      curves = study.read_curves(run)
+      self.assertTrue(all(0.0 <= r["eval/success"] <= 1.0 for r in curves["evals"]), run)
 
   def test_an_out_dir_holds_one_task(self):
     script = _load_script()

@@ -319,7 +319,9 @@ class RealScaleTest(parameterized.TestCase):
     # The default is the CPU main job; SmolLM2 stays selectable by name.
     self.assertEqual(agent.get_config().model.init, "scratch")
     smollm2 = agent.get_config("smollm2")
-    self.assertEqual((smollm2.model.init, smollm2.task.style), ("gguf", "full"))
+    self.assertEqual((smollm2.model.init, smollm2.task.name, smollm2.task.few_shot),
+                     ("gguf", "calculator", 1))
+    self.assertGreater(smollm2.lora.rank, 0)
     rl_config.validate(smollm2, agent.SCHEMA)
     with self.assertRaisesRegex(configs.ConfigError, "unknown agent preset 'gpu'"):
       agent.get_config("preset=gpu")

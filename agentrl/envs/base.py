@@ -38,6 +38,9 @@ for any env wrapped in `agentrl.envs.safe.SafeEnv`:
                                       one per call, each a part of the observation
                                       (envs/tool_calls.py); the agent loop renders them
                                       in the chat template's tool role where it has one.
+  - optional `env.examples`: chat messages ({"role": "user" | "assistant", "content": str,
+    optional "tool_results"}) rendered between the system message and the task, the few-shot
+    demonstrations of envs/few_shot.py; () when absent.
   - `step` never raises on model text: malformed, empty or malicious actions become an error
     observation with info["error"] set and a zero or small negative reward. Env bugs may still
     raise; `SafeEnv` turns those into error observations too and counts them.

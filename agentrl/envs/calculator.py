@@ -143,7 +143,8 @@ def make_problem(seed: int, *, num_ops: int = 3, max_operand: int = 999) -> dict
     operand = str(rng.randint(2, max_operand))
     # Random parenthesization so that operator precedence matters.
     expr = f"({expr}) {op} {operand}" if rng.random() < 0.5 else f"{operand} {op} ({expr})"
-  return {"prompt": f"Compute {expr}.", "answer": format_number(evaluate(expr)), "seed": seed}
+  return {"prompt": f"Compute {expr}.", "expression": expr,
+          "answer": format_number(evaluate(expr)), "seed": seed}
 
 
 class CalculatorEnv:
@@ -177,6 +178,24 @@ class CalculatorEnv:
     self._problem = make_problem(seed, **self._kwargs)
     self._turn, self._calls, self._errors = 0, 0, 0
     return self._problem["prompt"]
+
+  def demonstration(self, seed: int, rng: random.Random, *, noise: float = 0.0) -> list[str]:
+    """The expert's actions for `seed`: one call on the whole expression, then its answer.
+
+    With probability `noise` a call on the expression's first operand alone comes first (a
+    wrong call whose result is not the answer). Within max_turns the wrong call is dropped
+    first, then the right one (one turn: the answer alone). Leaves the env's own episode alone.
+    """
+    if not 0.0 <= noise <= 1.0:
+      raise ValueError(f"noise must be in [0, 1], got {noise}.")
+    problem = make_problem(seed, **self._kwargs)
+    expr = problem["expression"]
+    call = lambda e: self.tools.format_call({"name": TOOL.name, "arguments": {"expression": e}})
+    calls = [call(expr)]
+    if rng.random() < noise:
+      calls.insert(0, call(expr.split()[0].strip("()")))
+    calls = calls[len(calls) - self.max_turns + 1:] if len(calls) >= self.max_turns else calls
+    return calls + [f"<answer>{problem['answer']}</answer>"]
 
   def _info(self, reward: float, **kwargs) -> base.Info:
     return base.make_info(reward=reward, tool_calls=self._calls, tool_errors=self._errors,

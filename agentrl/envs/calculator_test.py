@@ -107,6 +107,25 @@ class CalculatorEnvTest(absltest.TestCase):
     _, reward, done, info = env.step(f"<answer>{answer}</answer>")
     self.assertEqual((reward, done, info["success"]), (1.0, True, True))
 
+  def test_demonstration_solves_the_episode(self):
+    import random  # pylint: disable=g-import-not-at-top
+    for fmt, noise, turns in [("tags", 0.0, 4), ("hermes", 1.0, 4), ("tags", 1.0, 2),
+                              ("tags", 1.0, 1)]:
+      env = calculator.CalculatorEnv(tool_format=fmt, max_turns=turns)
+      actions = env.demonstration(7, random.Random(0), noise=noise)
+      self.assertLessEqual(len(actions), turns)
+      self.assertEqual(len(actions), min(turns, 3 if noise else 2))
+      env.reset(7)
+      for action in actions:
+        _, reward, done, info = env.step(action)
+        self.assertEqual(info["error"], "")
+      self.assertEqual((reward, done, info["success"]), (1.0, True, True))
+    expr = calculator.make_problem(7)["expression"]
+    hermes = calculator.CalculatorEnv(tool_format="hermes").demonstration(7, random.Random(0))
+    self.assertIn(f'"expression": "{expr}"', hermes[0])
+    self.assertEqual(calculator.CalculatorEnv().demonstration(7, random.Random(0))[0],
+                     f"<calc>{expr}</calc>")
+
   def test_default_prompt_is_the_tags_one(self):
     self.assertEqual(calculator.CalculatorEnv().system_prompt, (
         "You can use a calculator. To call it, write <calc>expression</calc> and stop; the "

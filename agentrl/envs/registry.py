@@ -33,6 +33,7 @@ from agentrl.envs import alfworld_env
 from agentrl.envs import arithmetic
 from agentrl.envs import base
 from agentrl.envs import calculator
+from agentrl.envs import few_shot
 from agentrl.envs import hidden_rule
 from agentrl.envs import reasoning_gym_env
 from agentrl.envs import search
@@ -153,6 +154,38 @@ def _alf_convert(kwargs: dict) -> dict:
   return {**kwargs, "task_types": alfworld_env.TASK_TYPES if kind == "mixed" else (kind,)}
 
 
+def _tw_convert(kwargs: dict) -> dict:
+  """game_settings' JSON becomes the kind's settings; 0 pool sizes and "" game_pool: none."""
+  kwargs = dict(kwargs)
+  text = kwargs.pop("game_settings")
+  try:
+    settings = json.loads(text) if text.strip() else {}
+  except json.JSONDecodeError:
+    settings = None
+  if not isinstance(settings, dict):
+    raise configs.ConfigError(f"config.task.game_settings must be a JSON object such as "
+                              f"'{{\"level\": 15}}', got {text!r}")
+  for key in ("pool_size", "heldout_pool_size", "pool"):
+    kwargs[key] = kwargs[key] or None
+  return {**kwargs, **settings}
+
+
+def _tw_command(action: str) -> tuple[str, ...] | None:
+  return tuple(textworld_env.parse_command(action).split()) or None
+
+
+# Commands whose replies are TextWorld's error and refusal texts.
+_TW_BAD = ("look", "", "go", "go up", "xyzzy", "take it", "save")
+
+
+def _tw_vocab(kwargs: dict) -> Vocab:
+  """Compact texts: room names, commands and error replies in few pieces, from 40 games'
+  episodes; full texts: a few games (each seed not in a pool is a generated game, seconds)."""
+  if kwargs["observation"] == "compact":
+    return Vocab(seeds=40, bad=_TW_BAD, size=512, byte_fallback=False)
+  return Vocab(seeds=4, bad=("look",))
+
+
 def _turns(default: int, lo: int = 1) -> Field:
   return Field(configs.Key(int, min=lo), default)
 
@@ -226,7 +259,7 @@ ENVS: dict[str, Row] = {
          "max_operand": Field(configs.Key(int, min=1), 999), "max_turns": _turns(4),
          "tool_format": _TOOL_FORMAT},
         "arithmetic with a calculator tool, answered in <answer> (envs/calculator.py)",
-        convert=_tool_format),
+        sft="demonstrations", convert=_tool_format),
     "tool_use": Row(
         tool_use.ToolUseEnv,
         {"family": Field(configs.Key(str, choices=("mixed",) + tool_use.TASKS), "mixed", "task"),
@@ -248,10 +281,19 @@ ENVS: dict[str, Row] = {
         textworld_env.TextWorldEnv.isolated,
         {"kind": Field(configs.Key(str, choices=tuple(textworld_env.DEFAULT_SETTINGS)),
                        "coin_collector"),
-         "max_turns": _turns(50)},
-        # Each seed is a generated game (seconds): a few games' texts.
+         "max_turns": _turns(50),
+         # The kind's generator settings as a JSON object ('{"level": 15}'; "": defaults).
+         "game_settings": Field(configs.Key(str), ""),
+         # Games of the training pool and of each held-out pool (0: every seed its own game;
+         # textworld_env.game_seed), and their directory ("": $AGENTRL_GAME_POOL or <tmp>).
+         "pool_size": Field(configs.Key(int, min=0), 0),
+         "heldout_pool_size": Field(configs.Key(int, min=0), 0),
+         "game_pool": Field(configs.Key(str), "", "pool"),
+         "observation": Field(configs.Key(str, choices=textworld_env.OBSERVATIONS), "full"),
+         "objective": Field(configs.Key(bool), True)},
         "generated TextWorld games, in a worker process (envs/textworld_env.py)",
-        vocab=Vocab(seeds=4, bad=("look",))),
+        # SIOP's final answer: the last command's words ("take coin").
+        sft="demonstrations", parse_action=_tw_command, vocab=_tw_vocab, convert=_tw_convert),
     "alfworld": Row(
         alfworld_env.AlfWorldEnv.isolated,
         {"task_type": Field(configs.Key(str, choices=("mixed",) + alfworld_env.TASK_TYPES),
@@ -261,11 +303,21 @@ ENVS: dict[str, Row] = {
         vocab=Vocab(seeds=4, bad=("look",)), convert=_alf_convert),
 }
 
+# The long-horizon credit study's task (experiments/agents/agent.py:textworld and
+# spa_rl.py:textworld): coin collector at level 15, a chain of 15 rooms with the coin in the last
+# (14 moves and "take coin": a 15-command walkthrough), found without the objective (which
+# recites the walkthrough): every room but the first has two exits, the way back and the way on;
+# 20 turns, compact texts; 200 training games and 64 each for held-out evaluation and SFT
+# validation (scripts/make_game_pool.py generates them once).
+TEXTWORLD_STUDY = dict(kind="coin_collector", game_settings='{"level": 15}', max_turns=20,
+                       pool_size=200, heldout_pool_size=64, observation="compact",
+                       objective=False)
 NAMES = tuple(ENVS)
 SINGLE_TURN = tuple(name for name, row in ENVS.items() if not row.multi_turn)
 # Keys of every task config: the env's name, the rollout's turn bound, how prompts render.
+# few_shot: solved episodes of the env's expert shown before each task (envs/few_shot.py).
 COMMON = {"name": configs.Key(str, choices=NAMES), "max_turns": configs.Key(int, min=1),
-          "chat_template": configs.Key(bool)}
+          "chat_template": configs.Key(bool), "few_shot": configs.Key(int, min=0, max=8)}
 
 
 def row(name: str) -> Row:
@@ -284,7 +336,7 @@ def defaults(name: str) -> dict:
 def task_config(name: str, *, names: Sequence[str] = (), **values) -> dict:
   """config.task for env `name`: every key of `name` (and of the envs `names`, so that
   --config.task.name can switch to them), at its default unless `values` sets it."""
-  config = {"name": name, "max_turns": 1, "chat_template": False}
+  config = {"name": name, "max_turns": 1, "chat_template": False, "few_shot": 0}
   for other in (*names, name):   # `name`'s own defaults win a key two envs share
     config.update(defaults(other))
   unknown = sorted(set(values) - set(config))
@@ -334,6 +386,15 @@ def check(tc: Mapping[str, Any]) -> Row:
       configs.check_key(f"task.{key}", tc.get(key, field.default), field.key)
     except configs.ConfigError as e:
       raise configs.ConfigError(f"{e} (for task.name={tc['name']!r})") from None
+  shots = tc.get("few_shot", 0)
+  configs.check_key("task.few_shot", shots, COMMON["few_shot"])
+  if shots and env.sft != "demonstrations":
+    raise configs.ConfigError(f"config.task.few_shot={shots} needs an env with demonstrations; "
+                              f"task.name={tc['name']!r} has none (use few_shot=0, or one of "
+                              f"{[n for n, r in ENVS.items() if r.sft == 'demonstrations']})")
+  if shots and not tc.get("chat_template", False):
+    raise configs.ConfigError(f"config.task.few_shot={shots} shows examples as chat turns; set "
+                              "config.task.chat_template=True or few_shot=0")
   return env
 
 
@@ -350,7 +411,8 @@ def constructor_kwargs(tc: Mapping[str, Any]) -> dict:
 def factory(tc: Mapping[str, Any]) -> Callable[[], base.Env]:
   """make_env() for config.task `tc`: functools.partial(constructor, **its arguments)."""
   kwargs = constructor_kwargs(tc)
-  return functools.partial(ENVS[tc["name"]].build, **kwargs)
+  return few_shot.wrap(functools.partial(ENVS[tc["name"]].build, **kwargs),
+                       tc.get("few_shot", 0))
 
 
 def make(name: str, /, **kwargs) -> base.Env:

@@ -69,6 +69,22 @@ class RegistryTest(parameterized.TestCase):
     with self.assertRaisesRegex(configs.ConfigError, r"rg_config must be a JSON object"):
       registry.factory(dict(name="reasoning_gym", rg_config="[1]"))
 
+  def test_textworld_keys_become_constructor_arguments(self):
+    kwargs = registry.constructor_kwargs(registry.task_config(
+        "textworld", **registry.TEXTWORLD_STUDY))
+    self.assertEqual(kwargs, {"kind": "coin_collector", "level": 15, "max_turns": 20,
+                              "pool_size": 200, "heldout_pool_size": 64, "pool": None,
+                              "observation": "compact", "objective": False})
+    defaults = registry.constructor_kwargs(registry.task_config("textworld"))
+    self.assertEqual((defaults["pool_size"], defaults["heldout_pool_size"], "level" in defaults),
+                     (None, None, False))
+    for bad in ("[1]", "{level: 3}"):
+      with self.assertRaisesRegex(configs.ConfigError, r"task\.game_settings must be a JSON"):
+        registry.constructor_kwargs(registry.task_config("textworld", game_settings=bad))
+    self.assertEqual(registry.ENVS["textworld"].parse_action("go east\n<action>Take coin</action>"),
+                     ("take", "coin"))
+    self.assertIsNone(registry.ENVS["textworld"].parse_action("  "))
+
   def test_tool_format_is_a_checked_key_with_each_env_its_own_default(self):
     union = registry.task_config("hidden_rule", names=registry.NAMES)
     self.assertEqual(union["tool_format"], "")

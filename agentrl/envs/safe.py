@@ -140,6 +140,11 @@ class SafeEnv:
   def max_turns(self) -> int:
     return int(getattr(self.env, "max_turns", 1))
 
+  @property
+  def examples(self) -> tuple:
+    """Few-shot chat messages shown before the task (agentrl/envs/few_shot.py); () if none."""
+    return tuple(getattr(self.env, "examples", ()))
+
   def reset(self, seed: int) -> str:
     """env.reset(seed); on failure returns an error observation and sets `reset_error`."""
     self.counters["resets"] += 1

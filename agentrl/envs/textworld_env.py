@@ -10,10 +10,17 @@ recipe_seed, split) and custom quests (world_size, nb_objects, quest_length).
 
 Observations have the Inform7 residue (ASCII banner, `>` prompt, status line such as
 "-= Attic =-0/1", end-of-game menu) stripped; with `list_commands` the admissible commands
-are appended. info adds: "admissible_commands" (the valid command list), "score" and
-"max_score" (game points), "intermediate_reward" (TextWorld's dense progress signal, below),
-"progress", "policy_commands" (a walkthrough from the current state), "won", "lost", "command"
-(the command sent), "unsafe_action" (it was refused, below).
+are appended. observation="compact" shortens each reply to two lines for a small scratch model:
+the room's name where the game describes a room (its "-= Attic =-" header), else the reply's
+first line ("You can't go that way."), then the admissible commands without the "Valid
+commands:" label and without the always-valid "look" and "inventory" (still accepted):
+"Attic\ngo east, go north, take coin". objective=False drops the game's opening objective,
+which in the coin_collector and treasure_hunter challenges recites the whole walkthrough
+("First step, head west. ..."): without it those games are exploration tasks
+(coin_collector's goal is always to take the coin). info adds: "admissible_commands" (the
+valid command list), "score" and "max_score" (game points), "intermediate_reward" (TextWorld's
+dense progress signal, below), "progress", "policy_commands" (a walkthrough from the current
+state), "won", "lost", "command" (the command sent), "unsafe_action" (it was refused, below).
 
 TextWorld's intermediate_reward is the sign of the change in the length of the shortest
 winning command sequence (tracked from the game's quests): 1 when the last command shortened
@@ -34,6 +41,12 @@ files on those, so the turn is an error observation with info["unsafe_action"] s
 env/unsafe_actions by SafeEnv. `TextWorldEnv.isolated(...)` runs the env in a worker process
 (agentrl.envs.isolated), so a hang or crash of the engine costs one episode, not the run.
 
+Game pools: with `pool_size`, the training seeds map to pool_size games and, with
+`heldout_pool_size`, the held-out and validation seeds each to their own heldout_pool_size
+games (`game_seed`), so that a study generates its games once (`TextWorldEnv.make_pool`,
+scripts/make_game_pool.py) and never evaluates on a training game. `demonstration` plays the
+walkthrough (policy_commands) with optional random detours, the SFT warm start's data.
+
 Requires the `envs` extra (textworld; pip install -e '.[envs]'), imported lazily.
 """
 import collections
@@ -41,11 +54,15 @@ import functools
 import hashlib
 import json
 import os
+import pickle
+import random
 import re
 import shutil
 import tempfile
 import warnings
 
+from agentrl.data import generators
+from agentrl.envs import arithmetic
 from agentrl.envs import base
 from agentrl.envs import isolated as isolated_lib
 from agentrl.envs import safe
@@ -63,7 +80,13 @@ DEFAULT_SETTINGS = {
                 "drop": False, "recipe_seed": 0, "split": "train"},
     "custom": {"world_size": 3, "nb_objects": 5, "quest_length": 3},
 }
+OBSERVATIONS = ("full", "compact")
 _OPEN_GAMES = 8
+# Games kept open for demonstrations (an SFT run draws them from the whole training pool).
+_DEMO_GAMES = 256
+# Always admissible and never changing the game: left out of compact command lists.
+_UNLISTED = frozenset({"look", "inventory"})
+_HEADER_RE = re.compile(r"^-= (.+) =-$", re.MULTILINE)
 MAX_COMMAND_CHARS = 128  # Jericho cuts input at 198 bytes; no game command comes close
 # Inform library meta-verbs that write or read files in the working directory ("save" then
 # "restore" carries game state across episodes and runs; "script" starts a transcript file) or
@@ -102,6 +125,54 @@ def clean_observation(text: str) -> str:
       continue
     lines.append(line.rstrip())
   return re.sub(r"\n{3,}", "\n\n", "\n".join(lines)).strip()
+
+
+def split_objective(text: str) -> tuple[str, str]:
+  """(the opening objective, the rest) of a cleaned first observation: the text before the
+  first room header ("-= Attic =-") and the text from it on; ("", text) without a header."""
+  match = _HEADER_RE.search(text)
+  if not match:
+    return "", text
+  return text[:match.start()].strip(), text[match.start():]
+
+
+def compact_reply(text: str) -> str:
+  """One line for a cleaned reply: the room's name if it describes a room, else its first
+  non-empty line."""
+  match = _HEADER_RE.search(text)
+  if match:
+    return match.group(1).strip()
+  return next((line.strip() for line in text.splitlines() if line.strip()), "")
+
+
+def game_seed(seed: int, pool_size: int | None = None,
+              heldout_pool_size: int | None = None) -> int:
+  """The generation seed of the game that env seed `seed` plays.
+
+  The harness draws seeds from disjoint ranges (agentrl.envs.arithmetic): RL training
+  [0, HELDOUT_START), held-out evaluation [HELDOUT_START, SFT_SEED_BASE), SFT demonstrations
+  [SFT_SEED_BASE, VALID_SEED_BASE) and SFT validation [VALID_SEED_BASE, ...). Training and SFT
+  seeds play the training pool, games 0 .. pool_size - 1 (seed % pool_size); held-out and
+  validation seeds play the first heldout_pool_size seeds of their own range, so the three
+  pools never share a game. None: every seed is its own game.
+  """
+  heldout = (generators.HELDOUT_START <= seed < arithmetic.SFT_SEED_BASE
+             or seed >= arithmetic.VALID_SEED_BASE)
+  if not heldout:
+    return seed % pool_size if pool_size else seed
+  if not heldout_pool_size:
+    return seed
+  base = (generators.HELDOUT_START if seed < arithmetic.SFT_SEED_BASE
+          else arithmetic.VALID_SEED_BASE)
+  return base + (seed - base) % heldout_pool_size
+
+
+def pool_seeds(pool_size: int, heldout_pool_size: int) -> list[int]:
+  """The generation seeds of every game of a pool (`game_seed`'s image): training, held-out,
+  validation."""
+  return [*range(pool_size),
+          *(base + i for base in (generators.HELDOUT_START, arithmetic.VALID_SEED_BASE)
+            for i in range(heldout_pool_size))]
 
 
 def _settings(kind: str, settings: dict) -> dict:
@@ -182,27 +253,50 @@ def unsafe_command(command: str) -> str:
   return ""
 
 
+@functools.lru_cache(maxsize=2)
+def _local_env(blueprint: bytes) -> "TextWorldEnv":
+  """One in-process env per pickled make_env (each IsolatedTextWorldEnv has its own partial,
+  equal ones pickle alike), kept with its open games for the next demonstrations."""
+  return pickle.loads(blueprint)()
+
+
+class IsolatedTextWorldEnv(isolated_lib.IsolatedEnv):
+  """A TextWorldEnv in a worker process (`TextWorldEnv.isolated`), with its demonstrations.
+
+  Demonstrations are played by an env in this process, shared by the IsolatedTextWorldEnvs of
+  one make_env: they send the game only its own walkthrough and admissible commands, none of
+  the model text the worker guards against.
+  """
+
+  def demonstration(self, seed: int, rng: random.Random, *, noise: float = 0.0) -> list[str]:
+    """`TextWorldEnv.demonstration` of the wrapped env."""
+    return _local_env(pickle.dumps(self.make_env)).demonstration(seed, rng, noise=noise)
+
+
 class TextWorldEnv:
   """Multi-turn Env over generated (or given) TextWorld games; see the module docstring.
 
-  reset(seed) plays game `seed` (or `seed % pool_size`, or game_files[seed % len]).
+  reset(seed) plays game `game_seed(seed, pool_size, heldout_pool_size)` (or
+  game_files[seed % len]).
   """
 
   system_prompt = SYSTEM_PROMPT
 
   @classmethod
   def isolated(cls, *args, timeout_s: float = 10.0, reset_timeout_s: float = 300.0,
-               **kwargs) -> isolated_lib.IsolatedEnv:
+               **kwargs) -> IsolatedTextWorldEnv:
     """cls(*args, **kwargs) in a worker process: a hung or crashed game costs one episode.
 
     reset generates the game on first use (seconds), hence its longer time limit.
     """
-    return isolated_lib.IsolatedEnv(functools.partial(cls, *args, **kwargs),
-                                    timeout_s=timeout_s, reset_timeout_s=reset_timeout_s)
+    return IsolatedTextWorldEnv(functools.partial(cls, *args, **kwargs),
+                                timeout_s=timeout_s, reset_timeout_s=reset_timeout_s)
 
   def __init__(self, kind: str = "coin_collector", *, game_files=None,
-               pool_size: int | None = None, pool: str | None = None, max_turns: int = 50,
-               list_commands: bool = True, policy_commands: bool = True, **settings):
+               pool_size: int | None = None, heldout_pool_size: int | None = None,
+               pool: str | None = None, max_turns: int = 50, list_commands: bool = True,
+               policy_commands: bool = True, observation: str = "full",
+               objective: bool = True, **settings):
     if game_files is not None:
       game_files = [str(f) for f in game_files]
       missing = [f for f in game_files if not os.path.isfile(f)]
@@ -210,21 +304,39 @@ class TextWorldEnv:
         raise FileNotFoundError(f"TextWorld game_files missing or empty: {missing or '[]'}")
     else:
       _settings(kind, settings)
-    if max_turns < 1 or (pool_size is not None and pool_size < 1):
-      raise ValueError(f"need max_turns >= 1 and pool_size >= 1, got {max_turns}, {pool_size}.")
+    if max_turns < 1 or any(n is not None and n < 1 for n in (pool_size, heldout_pool_size)):
+      raise ValueError(f"need max_turns, pool_size and heldout_pool_size >= 1, got {max_turns}, "
+                       f"{pool_size}, {heldout_pool_size}.")
+    if observation not in OBSERVATIONS:
+      raise ValueError(f"observation={observation!r}; choose one of {OBSERVATIONS}.")
     self.kind, self.settings, self.game_files = kind, settings, game_files
-    self.pool_size, self.pool = pool_size, pool
+    self.pool_size, self.heldout_pool_size, self.pool = pool_size, heldout_pool_size, pool
     self.max_turns, self.list_commands = max_turns, list_commands
-    self.policy_commands = policy_commands
+    self.policy_commands, self.observation, self.objective = (policy_commands, observation,
+                                                              objective)
     self._games = collections.OrderedDict()  # path -> started game, reused across resets
+    self._demo_games = collections.OrderedDict()  # the same for demonstrations
     self._game, self._state = None, None
     self._turn, self._score = 0, 0.0
 
   def game_file(self, seed: int) -> str:
     if self.game_files is not None:
       return self.game_files[seed % len(self.game_files)]
-    seed = seed % self.pool_size if self.pool_size else seed
-    return make_game(self.kind, seed, pool=self.pool, **self.settings)
+    return make_game(self.kind, game_seed(seed, self.pool_size, self.heldout_pool_size),
+                     pool=self.pool, **self.settings)
+
+  def make_pool(self, log=None) -> list[str]:
+    """Generates (or finds cached) every game this env's seeds can play (`pool_seeds`), e.g.
+    once before the runs of a study; returns their paths. `log(done, total)` after each."""
+    if self.game_files is not None or not (self.pool_size and self.heldout_pool_size):
+      raise ValueError("make_pool needs generated games with pool_size and heldout_pool_size "
+                       "set.")
+    seeds, paths = pool_seeds(self.pool_size, self.heldout_pool_size), []
+    for seed in seeds:
+      paths.append(make_game(self.kind, seed, pool=self.pool, **self.settings))
+      if log:
+        log(len(paths), len(seeds))
+    return paths
 
   def _start(self, path: str):
     tw = import_textworld()
@@ -237,10 +349,24 @@ class TextWorldEnv:
       warnings.filterwarnings("ignore", message=".*not fully supported.*")
       return tw.start(path, request_infos=infos)
 
-  def _observation(self, feedback: str, done: bool) -> str:
-    obs = clean_observation(feedback)
+  def _listed(self, state) -> list[str]:
+    """The admissible commands an observation of `state` lists (compact: not look/inventory)."""
+    commands = list(state.get("admissible_commands") or [])
+    if self.observation == "compact":
+      commands = [c for c in commands if c not in _UNLISTED]
+    return commands
+
+  def _observation(self, feedback: str, done: bool, first: bool = False) -> str:
+    obs, objective = clean_observation(feedback), ""
+    if first:
+      objective, obs = split_objective(obs)
+    if self.observation == "compact":
+      obs = compact_reply(obs)
+    if objective and self.objective:
+      obs = f"{objective}\n\n{obs}"
     if self.list_commands and not done:
-      obs += "\nValid commands: " + ", ".join(self._state.get("admissible_commands") or [])
+      compact = self.observation == "compact"
+      obs += ("\n" if compact else "\nValid commands: ") + ", ".join(self._listed(self._state))
     return obs
 
   @base.episode_reset
@@ -254,7 +380,7 @@ class TextWorldEnv:
     self._game = self._games[path]
     self._state = self._game.reset()
     self._turn, self._score = 0, float(self._state.get("score") or 0)
-    return self._observation(self._state.feedback, done=False)
+    return self._observation(self._state.feedback, done=False, first=True)
 
   @base.episode_step
   def step(self, action: str) -> base.StepResult:
@@ -281,6 +407,42 @@ class TextWorldEnv:
                       error=error, success=won, lost=lost, progress=float(moved_closer))
     return self._observation(self._state.feedback, done), reward, done, info
 
+  def demonstration(self, seed: int, rng: random.Random, *, noise: float = 0.0) -> list[str]:
+    """The commands of a demonstrated episode of game `seed` (at most max_turns of them).
+
+    Each is the next command of the walkthrough from the current state (policy_commands), or
+    with probability `noise` an `rng`-drawn other listed command, after which the walkthrough
+    from the state it reached goes on (a detour and its recovery), until the game ends. Played
+    on game instances of its own (kept open for the next demonstrations): the env's episode is
+    left alone.
+    """
+    if not 0.0 <= noise <= 1.0:
+      raise ValueError(f"noise must be in [0, 1], got {noise}.")
+    if not self.policy_commands:
+      raise ValueError("TextWorld demonstrations follow the walkthrough; build the env with "
+                       "policy_commands=True.")
+    path = self.game_file(seed)
+    if path not in self._demo_games:
+      self._demo_games[path] = self._start(path)
+      if len(self._demo_games) > _DEMO_GAMES:
+        self._demo_games.popitem(last=False)[1].close()
+    self._demo_games.move_to_end(path)
+    game = self._demo_games[path]
+    state, commands = game.reset(), []
+    while len(commands) < self.max_turns:
+      plan = list(state.get("policy_commands") or [])
+      if not plan:
+        break
+      command = plan[0]
+      others = [c for c in self._listed(state) if c != command]
+      if others and rng.random() < noise:
+        command = rng.choice(others)
+      state, _, done = game.step(command)
+      commands.append(command)
+      if done or state.get("won") or state.get("lost"):
+        break
+    return commands
+
   def _info(self, reward, command, valid, unsafe=False, **kwargs) -> base.Info:
     state = self._state
     return base.make_info(
@@ -291,6 +453,7 @@ class TextWorldEnv:
         **{safe.UNSAFE_ACTION: unsafe}, **kwargs)
 
   def close(self) -> None:
-    for game in self._games.values():
+    for game in (*self._games.values(), *self._demo_games.values()):
       game.close()
     self._games, self._game = collections.OrderedDict(), None
+    self._demo_games = collections.OrderedDict()

@@ -2,6 +2,7 @@
 import functools
 import io
 import os
+import random
 import shutil
 import sys
 import tempfile
@@ -10,6 +11,8 @@ from unittest import mock
 
 from absl.testing import absltest
 
+from agentrl.data import generators
+from agentrl.envs import arithmetic
 from agentrl.envs import isolated
 from agentrl.envs import safe
 from agentrl.envs import testing
@@ -56,6 +59,39 @@ class CleanObservationTest(absltest.TestCase):
     for command in ("take coin", "go north", "put key 1 in box", "x" * 128, "saved", "quit-ish"):
       self.assertEqual(textworld_env.unsafe_command(command), "", command)
 
+  def test_split_objective_and_compact_reply(self):
+    first = textworld_env.clean_observation(RAW)
+    self.assertEqual(textworld_env.split_objective(first),
+                     ("Welcome! Take the coin.",
+                      "-= Attic =-\nYou arrive in an attic.\n\nThere is an exit to the north."))
+    self.assertEqual(textworld_env.split_objective("You can't go that way."),
+                     ("", "You can't go that way."))
+    self.assertEqual(textworld_env.compact_reply(first), "Attic")
+    self.assertEqual(textworld_env.compact_reply(textworld_env.clean_observation(END)),
+                     "You pick up the coin.")
+    self.assertEqual(textworld_env.compact_reply("\n\n"), "")
+
+  def test_game_seed_keeps_the_pools_apart(self):
+    held, sft, valid = (generators.HELDOUT_START, arithmetic.SFT_SEED_BASE,
+                        arithmetic.VALID_SEED_BASE)
+    game = functools.partial(textworld_env.game_seed, pool_size=10, heldout_pool_size=3)
+    # Training and SFT seeds: the training pool, seed % pool_size.
+    self.assertEqual([game(s) for s in (0, 9, 10, 23, held - 1)], [0, 9, 0, 3, 3])
+    self.assertEqual([game(sft + k) for k in range(3)], [sft % 10, (sft + 1) % 10,
+                                                          (sft + 2) % 10])
+    # Held-out and validation seeds: the first 3 seeds of their own range.
+    self.assertEqual([game(held + i) for i in (0, 2, 3, 7)], [held, held + 2, held, held + 1])
+    self.assertEqual([game(valid + i) for i in (0, 4)], [valid, valid + 1])
+    # No pools: every seed is its own game.
+    self.assertEqual([textworld_env.game_seed(s) for s in (5, held + 9, sft + 1, valid + 2)],
+                     [5, held + 9, sft + 1, valid + 2])
+    self.assertEqual(textworld_env.game_seed(held + 7, 10), held + 7)
+    seeds = textworld_env.pool_seeds(10, 3)
+    self.assertEqual(seeds, [*range(10), held, held + 1, held + 2, valid, valid + 1, valid + 2])
+    image = {game(s) for s in [*range(50), *range(held, held + 50), *range(sft, sft + 50),
+                               *range(valid, valid + 50)]}
+    self.assertEqual(image, set(seeds))
+
   def test_bad_arguments_are_named(self):
     with self.assertRaisesRegex(ValueError, "coin_collector"):
       textworld_env.TextWorldEnv("zork")
@@ -63,6 +99,12 @@ class CleanObservationTest(absltest.TestCase):
       textworld_env.TextWorldEnv("coin_collector", levle=3)
     with self.assertRaisesRegex(FileNotFoundError, "nope.z8"):
       textworld_env.TextWorldEnv(game_files=["/nope.z8"])
+    with self.assertRaisesRegex(ValueError, "observation='short'"):
+      textworld_env.TextWorldEnv(observation="short")
+    with self.assertRaisesRegex(ValueError, "heldout_pool_size >= 1"):
+      textworld_env.TextWorldEnv(heldout_pool_size=0)
+    with self.assertRaisesRegex(ValueError, "make_pool needs"):
+      textworld_env.TextWorldEnv(pool_size=4).make_pool()
 
 
 @absltest.skipIf(textworld is None, "textworld is not installed (pip install -e '.[envs]')")
@@ -195,6 +237,58 @@ class TextWorldEnvTest(absltest.TestCase):
     self.assertIn("DUMB-FROTZ: unknown command", stderr.getvalue())  # "\q" wrote, capped:
     self.assertLess(len(stderr.getvalue()), 2200)
 
+  def test_compact_observation_without_objective(self):
+    env = textworld_env.TextWorldEnv(game_files=[self.game], observation="compact",
+                                     objective=False)
+    self.addCleanup(env.close)
+    obs = env.reset(0)
+    room, commands = obs.split("\n")
+    self.assertEqual(room, textworld_env.compact_reply(self.first_obs))
+    listed = commands.split(", ")
+    self.assertEqual(listed, [c for c in env._state["admissible_commands"]
+                              if c not in ("look", "inventory")])
+    obs, _, _, info = env.step("inventory")   # still accepted, not listed
+    self.assertEqual((info["error"], obs.split("\n")[1]), ("", commands))
+    with_objective = textworld_env.TextWorldEnv(game_files=[self.game], observation="compact")
+    self.addCleanup(with_objective.close)
+    objective, _ = textworld_env.split_objective(self.first_obs.split("\nValid commands: ")[0])
+    self.assertNotEmpty(objective)
+    self.assertEqual(with_objective.reset(0), f"{objective}\n\n{room}\n{commands}")
+    full = textworld_env.TextWorldEnv(game_files=[self.game], objective=False)
+    self.addCleanup(full.close)
+    self.assertEqual(full.reset(0), self.first_obs[self.first_obs.index("-= "):])
+
+  def test_demonstration_walks_the_walkthrough_and_recovers_from_detours(self):
+    plan = list(self.env._games[self.game].reset()["policy_commands"])
+    self.env.reset(0)
+    self.env.step("look")   # an episode in progress, which demonstrations leave alone
+    self.assertEqual(self.env.demonstration(0, random.Random(0)), plan)
+    detoured = self.env.demonstration(0, random.Random(3), noise=0.5)
+    self.assertEqual(detoured, self.env.demonstration(0, random.Random(3), noise=0.5))
+    self.assertNotEqual(detoured, plan)
+    _, _, _, info = self.env.step(plan[0])   # the open episode went on where it was
+    self.assertEqual(info["error"], "")
+    for actions in (plan, detoured):
+      env = textworld_env.TextWorldEnv(game_files=[self.game])
+      self.addCleanup(env.close)
+      env.reset(0)
+      results = [env.step(a) for a in actions]
+      self.assertTrue(results[-1][2] and results[-1][3]["success"], actions)
+      self.assertFalse(any(done for _, _, done, _ in results[:-1]))
+    with self.assertRaisesRegex(ValueError, "noise"):
+      self.env.demonstration(0, random.Random(0), noise=1.5)
+
+  def test_make_pool_generates_every_game_once(self):
+    env = textworld_env.TextWorldEnv("custom", pool=self.pool, pool_size=1, heldout_pool_size=1,
+                                     **self.settings)
+    calls = []
+    with mock.patch.object(textworld_env, "make_game",
+                           side_effect=lambda kind, seed, **kw: f"{kind}-{seed}") as make:
+      paths = env.make_pool(log=lambda done, total: calls.append((done, total)))
+    self.assertEqual(paths, [f"custom-{s}" for s in textworld_env.pool_seeds(1, 1)])
+    self.assertEqual(calls, [(1, 3), (2, 3), (3, 3)])
+    self.assertEqual(make.call_args.kwargs, {"pool": self.pool, **self.settings})
+
   def test_isolated_matches_in_process(self):
     local = textworld_env.TextWorldEnv(game_files=[self.game])
     remote = textworld_env.TextWorldEnv.isolated(game_files=[self.game])
@@ -210,6 +304,8 @@ class TextWorldEnvTest(absltest.TestCase):
       self.assertEqual(remote.step(command), results[-1], command)
     self.assertTrue(results[-1][2])
     self.assertAlmostEqual(sum(r[1] for r in results), 1.0)
+    self.assertEqual(remote.demonstration(0, random.Random(5), noise=0.5),
+                     local.demonstration(0, random.Random(5), noise=0.5))
 
 
 class MissingPackageTest(absltest.TestCase):

@@ -214,8 +214,8 @@ def warm_start(config: mlc.ConfigDict, workdir: str, mesh, graphdef, params, tok
   """SFT (config.sft) for a scratch model; cached in <workdir>/warm_start for resumed runs.
 
   The task's registry row says what to train on (`registry.Row.sft`): arithmetic its gold
-  answers; an env with demonstrations (hidden_rule, thinker, tool_use, verbose_arithmetic) its
-  scripted episodes (`sft.demonstration_data`; the noise is sft.demo_noise; verbose answers carry
+  answers; an env with demonstrations (hidden_rule, thinker, tool_use, calculator,
+  verbose_arithmetic) its scripted episodes (`sft.demonstration_data`; the noise is sft.demo_noise; verbose answers carry
   random filler), with validation success measured by greedy rollouts of `engine` (built here if
   None); `data` replaces the task's own SFT data (an experiment's demonstrations, e.g.
   experiments/agents/ttexplore.py's thinker turns). Pretrained models (model.init gguf/hf) and
@@ -369,13 +369,17 @@ def held_out_success(engine, tok, make_env, params, **kwargs) -> float:
 
 
 def evaluator(config: mlc.ConfigDict, engine, tok, make_env) -> Callable:
-  """evaluate(params) -> {"success"}: held-out greedy success for `loop.run`'s evaluations."""
+  """evaluate(params) -> {"success"}: held-out greedy success for `loop.run`'s evaluations;
+  on a multi-turn env also "turns" and "valid_turns" (`collect.episode_metrics`)."""
   rc, tc = config.rollout, config.task
+  multi_turn = registry.check(tc).multi_turn
 
   def evaluate(params):
-    return {"success": held_out_success(
+    trajs = held_out_rollouts(
         engine, tok, make_env, params, num=config.eval.num_problems, max_turns=tc.max_turns,
-        max_new_tokens=rc.max_new_tokens, max_len=rc.max_len, chat_template=tc.chat_template)}
+        max_new_tokens=rc.max_new_tokens, max_len=rc.max_len, chat_template=tc.chat_template)
+    metrics = collect.episode_metrics(trajs)
+    return metrics if multi_turn else {"success": metrics["success"]}
 
   return evaluate
 

@@ -35,6 +35,8 @@ _CONSOLE = (
     ("reward", "reward", "{:.3f}"),
     ("success", "sampled success", "{:.1%}"),
     ("eval/success", "held-out greedy success", "{:.1%}"),
+    ("eval/valid_turns", "valid turns", "{:.0%}"),
+    ("eval/turns", "turns", "{:.2f}"),
     ("kl", "kl", "{:.2e}"),
     ("entropy", "ent", "{:.3f}"),
     ("clipfrac", "clip", "{:.3f}"),

@@ -153,11 +153,20 @@ class Renderer:
     self.tok, self.chat_template, self.system_prompt = tok, chat_template, system_prompt
     self.tool_role = has_tool_role(tok) if tool_role is None else bool(tool_role)
 
-  def prompt(self, text: str, env_system_prompt: str) -> list[int]:
+  def prompt(self, text: str, env_system_prompt: str, examples=()) -> list[int]:
+    """Ids of the first prompt: the system message, the env's few-shot `examples` (chat
+    messages, agentrl/envs/few_shot.py) and the task `text`."""
     if not self.chat_template:
+      if examples:
+        raise ValueError("few-shot examples are chat turns; render them with "
+                         "chat_template=True (or use shots=0).")
       return list(self.tok.encode(text, add_bos=self.tok.bos_id is not None))
     system = self.system_prompt if self.system_prompt is not None else env_system_prompt
     messages = [{"role": "system", "content": system}] if system else []
+    for message in examples:
+      tools = (tool_messages(message.get("tool_results"), message["content"])
+               if self.tool_role and message["role"] == "user" else None)
+      messages += tools or [{"role": message["role"], "content": message["content"]}]
     messages.append({"role": "user", "content": text})
     return list(self.tok.encode(self.tok.apply_chat_template(messages,
                                                              add_generation_prompt=True)))
@@ -186,7 +195,7 @@ class Renderer:
 
 def apply_reset(row: Row, obs: str, render: Renderer, max_len: int, counts):
   """Appends the first prompt rendered from env.reset's observation, or ends the row."""
-  row.append(render.prompt(obs, row.env.system_prompt), turn=-1)
+  row.append(render.prompt(obs, row.env.system_prompt, row.env.examples), turn=-1)
   row.prompt_len = len(row.tokens)
   if row.env.reset_error:
     row.finish()
@@ -318,7 +327,8 @@ def scripted(tok, env, seed, actions: Sequence[str], *, chat_template: bool,
   stop = (tok.end_of_turn_ids[0] if chat_template and tok.end_of_turn_ids else tok.eos_id)
   render = Renderer(tok, chat_template=chat_template, system_prompt=system_prompt)
   row = Row(env, greedy=False)
-  row.append(render.prompt(env.reset(seed), env.system_prompt), turn=-1)
+  row.append(render.prompt(env.reset(seed), env.system_prompt, getattr(env, "examples", ())),
+             turn=-1)
   row.prompt_len = len(row.tokens)
   for turn, action in enumerate(actions):
     ids = list(tok.encode(action)) + [stop]

@@ -202,6 +202,32 @@ class AgentLoopTest(absltest.TestCase):
                                   spy.calls[0][1].tokens_BN[0, :n])
     self.assertEqual(t.loss_mask.sum(), sum(int(out.lengths_B[0]) for _, out in spy.calls))
 
+  def test_few_shot_examples_sit_between_system_and_task(self):
+    class ShotEnv(ScriptedEnv):
+      system_prompt = "sys"
+      examples = ({"role": "user", "content": "t1"}, {"role": "assistant", "content": "c1"},
+                  {"role": "user", "content": "r1", "tool_results": ["r1"]},
+                  {"role": "assistant", "content": "a1"})
+
+    class ToolTokenizer(CharTokenizer):
+      ROLES = {**CharTokenizer.ROLES, "tool": "<user>[tool]"}
+
+    trajs, _, spy, tok = self._run([ShotEnv()], max_turns=1)
+    want = ("<sys>sys<eot><user>t1<eot><asst>c1<eot><user>r1<eot><asst>a1<eot><user>start 0"
+            "<eot><asst>")
+    self.assertEqual(tok.encoded[0], want)
+    t = trajs[0]
+    self.assertEqual(list(t.tokens[:t.prompt_len]), CharTokenizer().encode(want))
+    self.assertEqual(t.loss_mask[:t.prompt_len].sum(), 0)   # the examples are prompt
+    self.assertEqual(t.loss_mask.sum(), int(spy.calls[0][1].lengths_B[0]))
+    render = agent_loop.Renderer(ToolTokenizer(), chat_template=True, system_prompt=None,
+                                 tool_role=True)
+    render.prompt("q", "", ShotEnv.examples)
+    self.assertIn("<user>[tool]r1<eot>", render.tok.encoded[-1])
+    plain = agent_loop.Renderer(CharTokenizer(), chat_template=False, system_prompt=None)
+    with self.assertRaisesRegex(ValueError, "chat_template=True"):
+      plain.prompt("q", "", ShotEnv.examples)
+
   def test_raising_env_is_contained(self):
     envs = [ScriptedEnv(fail_on_step=1), ScriptedEnv(fail_on_reset=True), ScriptedEnv()]
     trajs, metrics, _, _ = self._run(envs)

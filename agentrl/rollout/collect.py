@@ -43,6 +43,16 @@ def rollout_metrics(trajs: Sequence[agent_loop.Trajectory]) -> dict[str, float]:
           "rollout/sampled_tokens": float(sum(t.loss_mask.sum() for t in trajs))}
 
 
+def episode_metrics(trajs: Sequence[agent_loop.Trajectory]) -> dict[str, float]:
+  """Success, model turns per episode, and the fraction of model turns the env accepted
+  (info["error"] empty: a well-formed tool call, command or answer) of a set of episodes."""
+  infos = [info for t in trajs for info in t.infos]
+  return {"success": float(np.mean([trajectory_success(t) for t in trajs])),
+          "turns": float(np.mean([len(t.turn_rewards) for t in trajs])),
+          "valid_turns": float(np.mean([not info.get("error") for info in infos]))
+                         if infos else 0.0}
+
+
 def batch_metrics(trajs: Sequence[agent_loop.Trajectory], batch: types.Batch) -> dict[str, float]:
   """Real (non-padding) tokens of the packed batch of `trajs`, and the padding fraction."""
   B, T = batch.tokens_BT.shape

