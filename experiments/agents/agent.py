@@ -191,19 +191,8 @@ def textworld_study(c: mlc.ConfigDict, *, smoke: bool) -> None:
   (this folder's README.md). 8 games x 8 samples per step and 64 held-out games keep the worker
   processes (one per episode) at 64.
   """
-  c.task = registry.task_config("textworld", names=registry.NAMES, **registry.TEXTWORLD_STUDY)
+  rl_config.textworld_study(c, names=registry.NAMES, smoke=smoke)
   c.loss.credit = "grpo"   # the smoke default, a2tgpo_igpo, needs a gold action
-  if smoke:  # two games per pool: the tokenizer's episodes and the run generate only those
-    c.task.update(pool_size=2, heldout_pool_size=2)
-    return
-  c.sft.update(target_success=0.3, demo_noise=0.0, eval_every=5, eval_problems=64,
-               batch_size=16)
-  c.rollout.update(prompts_per_step=8, group_size=8, max_new_tokens=4, max_len=256,
-                   temperature=0.7)
-  c.optim.update(lr=3e-4, warmup_steps=10)
-  c.model.unroll_layers = True
-  c.eval.update(num_problems=64, every=10)
-  c.total_steps = 100
 
 
 CREDITS = ("a2tgpo_igpo", "igpo", "gigpo", "siop", "infopo", "mapo", "certainty_mix", "grpo")

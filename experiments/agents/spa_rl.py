@@ -135,19 +135,8 @@ def get_config(arg: str | None = None) -> mlc.ConfigDict:
     c.loss.update(agg="token-mean", estimator_lr=1e-5)
     c.rollout.update(prompts_per_step=128, group_size=8, max_new_tokens=256, max_len=4096)
     c.eval.update(num_problems=256, every=20)
-  if arg.preset == "textworld":  # agent.py's textworld preset (its textworld_study)
-    c.task = registry.task_config("textworld", names=TASKS, **registry.TEXTWORLD_STUDY)
-    if arg.smoke:
-      c.task.update(pool_size=2, heldout_pool_size=2)
-    else:
-      c.sft.update(target_success=0.3, demo_noise=0.0, eval_every=5, eval_problems=64,
-                   batch_size=16)
-      c.rollout.update(prompts_per_step=8, group_size=8, max_new_tokens=4, max_len=256,
-                       temperature=0.7)
-      c.optim.update(lr=3e-4, warmup_steps=10)
-      c.model.unroll_layers = True
-      c.eval.update(num_problems=64, every=10)
-      c.total_steps = 100
+  if arg.preset == "textworld":  # agent.py's textworld preset: the study's shared settings
+    rl_config.textworld_study(c, names=TASKS, smoke=arg.smoke)
   if arg.smoke:  # Run by tests/experiments_smoke_test.py; exercises the code path only.
     c.task.update(max_turns=2, style="compact", chat_template=False)
     c.model.update(init="scratch", variant="tiny")
