@@ -64,6 +64,20 @@ class TurnRewardsTest(absltest.TestCase):
                                rtol=1e-6)
     np.testing.assert_array_equal(mask_BU, [[1, 1, 1, 0], [1, 1, 1, 0]])
 
+  def test_every_call_of_a_turn_is_matched(self):
+    env = tool_use.ToolUseEnv("scale")
+    env.reset(3)
+    town = env.gold_calls[0]["arguments"]["entity"]
+    # One turn with the gold lookup (1) and a wrong calculator call (2/3, as above): the turn
+    # scores their mean, 5/6; the answer turn scores the outcome.
+    traj, golds = _play(3, [_call("lookup", entity=town, attribute="population")
+                            + _call("calculator", expression="1 + 1"),
+                            f"<answer>{env.answer}</answer>"])
+    self.assertLen(traj.infos[0]["calls"], 2)
+    reward_BU, _ = matchtir_exp.turn_rewards([traj], [golds], max_turns=3,
+                                             matching="kuhn_munkres", unmatched_penalty=0.0)
+    np.testing.assert_allclose(reward_BU, [[5 / 6, 1.0, 0.0]], rtol=1e-6)
+
   def test_a_wrong_answer_scores_zero_and_unmatched_calls_take_the_penalty(self):
     env = tool_use.ToolUseEnv("scale")
     env.reset(5)

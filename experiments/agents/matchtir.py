@@ -165,8 +165,8 @@ def turn_rewards(trajs, gold_calls, *, max_turns: int, matching: str,
                  unmatched_penalty: float) -> tuple[np.ndarray, np.ndarray]:
   """MatchTIR's per-turn rewards [B, U] and the turn mask [B, U] of the trajectories.
 
-  Turn k's calls are the call the env parsed from it (info["call"], also when the env then
-  rejected the call); a turn the env ended with an answer is the answer turn and carries the
+  Turn k's calls are every call the env parsed from it, in order (info["calls"], also those the
+  env then rejected); a turn the env ended with an answer is the answer turn and carries the
   env's reward for it (the outcome).
   """
   reward = np.zeros((len(trajs), max_turns), np.float32)
@@ -175,7 +175,7 @@ def turn_rewards(trajs, gold_calls, *, max_turns: int, matching: str,
     infos = traj.infos[:max_turns]
     if not infos:
       continue
-    calls = [[info["call"]] if info.get("call") else [] for info in infos]
+    calls = [list(info.get("calls", ())) for info in infos]
     answered = "answer" in infos[-1]
     r = matchtir.turn_rewards(calls, golds, method=matching, unmatched_penalty=unmatched_penalty,
                               answer_score=traj.turn_rewards[len(infos) - 1] if answered else None)
@@ -208,10 +208,10 @@ def make_rollout_fn(config, engine, tok, make_env, data, mesh):
     reward_BU, mask_BU = turn_rewards(trajs, gold_calls(seeds), max_turns=tc.max_turns,
                                       matching=lc.matching,
                                       unmatched_penalty=lc.unmatched_penalty)
-    calls = [info.get("call") for t in trajs for info in t.infos]
+    calls = sum(len(info.get("calls", ())) for t in trajs for info in t.infos)
     host = {**groups.metrics, **collect.rollout_metrics(trajs),
             **collect.batch_metrics(trajs, batch),
-            "rollout/calls_per_episode": sum(c is not None for c in calls) / len(trajs)}
+            "rollout/calls_per_episode": calls / len(trajs)}
     extras = jax.device_put({"turn_reward_BU": reward_BU, "turn_mask_BU": mask_BU}, rows)
     return loop.Rollout(batch=batch, metrics=host, extras=extras)
 
