@@ -36,7 +36,8 @@ PyTorch's).
 `default` (as `hf.load` builds it: the layer loop is a `lax.scan`, the fused log-prob op),
 `unrolled` (a Python loop over the layers, Config.unroll_layers=True), `naive_head`
 (impl="reference": [N, V] float32 logits and plain autodiff instead of the fused op) and
-`remat` (each layer recomputed in the backward pass).
+`remat` (each layer recomputed in the backward pass) and `fused` (Config.attention="fused":
+`jax.nn.dot_product_attention`, cuDNN's flash attention on a GPU).
 
 --profile=<dir> traces three steps of the first variant with `jax.profiler` (a Perfetto trace
 under <dir>) and prints the device's top operations by time per step (on a CPU, the host's).
@@ -88,6 +89,7 @@ VARIANTS = {  # name: (Config overrides, policy.token_logprobs impl)
     "unrolled": ({"unroll_layers": True}, "auto"),
     "naive_head": ({}, "reference"),
     "remat": ({"remat": True}, "auto"),
+    "fused": ({"attention": "fused"}, "auto"),
 }
 
 

@@ -85,12 +85,28 @@ def heads_first(x_BTGK):
   return jnp.swapaxes(x_BTGK, 1, 2)
 
 
+# Config.attention: "xla" computes the [B, G, R, T, S] scores in float32 and keeps them for the
+# backward pass; "fused" calls `jax.nn.dot_product_attention`, which on a GPU in bfloat16 is
+# cuDNN's flash attention (scores never stored; the same math elsewhere, through XLA). It
+# applies to cache-free forwards (training and scoring, T = S); decode steps keep "xla".
+ATTENTIONS = ("xla", "fused")
+
+
+def _attend_fused(q_BTHK, k_BGSK, v_BGSK, allowed_BTS, scale):
+  on_gpu = jax.default_backend() == "gpu" and q_BTHK.dtype in (jnp.bfloat16, jnp.float16)
+  return jax.nn.dot_product_attention(
+      q_BTHK, heads_first(k_BGSK), heads_first(v_BGSK), mask=allowed_BTS[:, None],
+      scale=scale, implementation="cudnn" if on_gpu else "xla")
+
+
 def _attend(cfg, q_BTHK, k_BGSK, v_BGSK, allowed_BTS):
   """Softmax attention; G is the KV-head count and R = H / G query heads share each KV head."""
   b, t, h, k = q_BTHK.shape
   g = k_BGSK.shape[1]
-  q_BTGRK = q_BTHK.reshape(b, t, g, h // g, k)
   scale = (cfg.query_pre_attn_scalar or cfg.head_dim) ** -0.5
+  if cfg.attention == "fused" and t == k_BGSK.shape[2]:
+    return _attend_fused(q_BTHK, k_BGSK, v_BGSK, allowed_BTS, scale)
+  q_BTGRK = q_BTHK.reshape(b, t, g, h // g, k)
   s_BGRTS = jnp.einsum("btgrk,bgsk->bgrts", q_BTGRK, k_BGSK,
                        preferred_element_type=jnp.float32) * scale
   if cfg.attn_logit_softcap:

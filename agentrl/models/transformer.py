@@ -73,6 +73,7 @@ class Config:
   param_dtype: Any = jnp.float32            # storage and optimizer precision
   dtype: Any = jnp.bfloat16                 # matmul and activation precision
   remat: bool = False                       # recompute each layer in the backward pass
+  attention: str = "xla"                    # cache-free forwards: xla | fused (ATTENTIONS)
   unroll_layers: bool = False               # cache-free forward: a Python loop, not a scan
 
   def __post_init__(self):
@@ -84,6 +85,10 @@ class Config:
          f"act={self.act!r}; expected one of {tuple(dm.ACTIVATIONS)}"),
         (self.rope_scaling in ROPE_SCALINGS,
          f"rope_scaling={self.rope_scaling!r}; expected one of {ROPE_SCALINGS}"),
+        (self.attention in dm.ATTENTIONS,
+         f"attention={self.attention!r}; expected one of {dm.ATTENTIONS}"),
+        (self.attention != "fused" or not self.attn_logit_softcap,
+         "attention='fused' has no logit soft-capping (Gemma 2); use attention='xla'"),
         (self.heads % self.kv_heads == 0,
          f"heads={self.heads} is not a multiple of kv_heads={self.kv_heads}"),
         (self.head_dim % 2 == 0, f"head_dim={self.head_dim} must be even for RoPE"),
