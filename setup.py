@@ -27,6 +27,10 @@ HF = ["safetensors", "gguf", "tokenizers", "sentencepiece", "jinja2"]
 ENVS = ["reasoning-gym", "math-verify", "textworld[pddl]", "alfworld", "tensorflow-datasets",
         "importlib_resources", "rank-bm25"]
 TEST = ["pytest", "pytest-xdist"] + HF + ENVS
+# libtpu for scripts/plan_pod.py: compiles for TPU topologies with no TPU attached. Not in TEST:
+# with it installed every JAX process first tries (and fails) to start a TPU runtime.
+TPU_PLAN = ["jax[tpu]==0.10.2; python_version < '3.12'",
+            "jax[tpu]>=0.12,<0.13; python_version >= '3.12'"]
 
 setuptools.setup(
     name="agentrl",
@@ -36,6 +40,6 @@ setuptools.setup(
                                                "experiments", "experiments.*"]),
     python_requires=">=3.11",
     install_requires=INSTALL_REQUIRES,
-    extras_require={"hf": HF, "envs": ENVS, "test": TEST, "wandb": ["wandb"],
+    extras_require={"hf": HF, "envs": ENVS, "test": TEST, "tpu-plan": TPU_PLAN, "wandb": ["wandb"],
                     "tensorboard": ["tensorboard"]},
 )

@@ -92,7 +92,8 @@ def model_config(mc: mlc.ConfigDict, vocab: int) -> transformer.Config:
   return transformer.Config.named(
       mc.variant, vocab=vocab, width=mc.width, depth=mc.depth, heads=mc.heads,
       kv_heads=mc.kv_heads, head_dim=mc.head_dim, mlp=mc.mlp,
-      unroll_layers=mc.get("unroll_layers", False), attention=mc.get("attention", "xla"))
+      unroll_layers=mc.get("unroll_layers", False), remat=mc.get("remat", False),
+      attention=mc.get("attention", "xla"))
 
 
 def task_tokenizer(tc: mlc.ConfigDict) -> tokenizer_lib.Tokenizer:
@@ -156,7 +157,7 @@ def build_policy(config: mlc.ConfigDict, mesh) -> tuple[tokenizer_lib.Tokenizer,
   start = time.perf_counter()
   tok, cfg, graphdef, params = hf.load_with_tokenizer(
       path, dtype=mc.dtype, unroll_layers=mc.get("unroll_layers", False),
-      attention=mc.get("attention", "xla"))
+      remat=mc.get("remat", False), attention=mc.get("attention", "xla"))
   print(f"Loaded {_preset_of(cfg) or 'a model'} ({_architecture(cfg)}; vocab={cfg.vocab}, "
         f"tokenizer {tok.vocab_size} ids) in {time.perf_counter() - start:.0f}s.", flush=True)
   params = sharding.reshard(params, sharding.tree_shardings(params, mesh, rules))

@@ -70,12 +70,14 @@ def rl_config(preset: str = "cpu", *, smoke: bool = False) -> mlc.ConfigDict:
   # init: scratch (tiny model, tokenizer built for the task), gguf/hf (weights at model.path).
   # unroll_layers: the trainer's forward/backward loops over the layers instead of scanning
   # them (per-layer residuals, no stacked zero-filled ones; compile time grows with depth).
+  # remat: each layer is recomputed in the backward pass (activation memory of one layer
+  # instead of all; transformer.Config.remat).
   # attention: "fused" runs training and scoring attention through
   # jax.nn.dot_product_attention (cuDNN flash attention on a GPU in bfloat16), "xla" stores
   # the float32 scores (transformer.Config.attention).
   c.model = dict(init="scratch", variant="tiny", width=64, depth=2, heads=8, kv_heads=8,
                  head_dim=8, mlp=256, path="", dtype="float32", logprob_impl="xla",
-                 unroll_layers=False, attention="xla")
+                 unroll_layers=False, remat=False, attention="xla")
   # SFT warm start of a scratch model; steps_max bounds it, target_success stops it.
   c.sft = dict(steps_max=2000, target_success=0.2, batch_size=64, lr=1e-3, b2=0.99,
                clip_norm=1.0, eval_every=25, eval_problems=512)
@@ -154,6 +156,7 @@ RL_SCHEMA = {
     "model.dtype": configs.Key(str, choices=("float32", "bfloat16")),
     "model.logprob_impl": configs.Key(str, choices=("auto", "xla", "reference", "pallas")),
     "model.unroll_layers": configs.Key(bool),
+    "model.remat": configs.Key(bool),
     "model.attention": configs.Key(str, choices=decoder_math.ATTENTIONS),
     "sft.steps_max": configs.Key(int, min=1),
     "sft.target_success": configs.Key(float, min=0.0, max=1.0),

@@ -104,7 +104,7 @@ def config_changes(old: dict, new: dict) -> list[tuple[str, Any, Any]]:
 # different value is refused (the checkpoint restore also checks every state shape).
 STRUCTURAL_KEYS = ("model.", "task.")
 # Model keys that only change how the same weights are computed: a resume may change them.
-COMPUTE_KEYS = ("model.unroll_layers", "model.logprob_impl", "model.attention")
+COMPUTE_KEYS = ("model.unroll_layers", "model.logprob_impl", "model.remat", "model.attention")
 
 
 def experiment_of(run_dir: str) -> str | None:
