@@ -114,16 +114,35 @@ def attend_tpu_flash(q_BTHK, k_BGSK, v_BGSK, allowed_BTS, scale):
 
   Validity is the kernel's segment id (real tokens 1, padding 0), so real queries see only
   real keys; padding queries see padding (their outputs are never read). The R query heads of
-  a KV head share it by repetition (the kernel has no grouped-query form).
+  a KV head share it by repetition (the kernel has no grouped-query form). Under a mesh the
+  kernel runs per device (`shard_map`: a Mosaic kernel is not partitioned automatically), rows
+  split as the batch is and heads over `tensor` when it divides them.
   """
-  from jax.experimental.pallas.ops.tpu import flash_attention  # pylint: disable=g-import-not-at-top
-  r = q_BTHK.shape[2] // k_BGSK.shape[1]
+  # pylint: disable=g-import-not-at-top
+  from jax.experimental.pallas.ops.tpu import flash_attention
+  from agentrl import sharding   # imported here: sharding imports the model modules
+  # pylint: enable=g-import-not-at-top
+  h = q_BTHK.shape[2]
+  r = h // k_BGSK.shape[1]
   valid_BT = jnp.diagonal(allowed_BTS, axis1=1, axis2=2).astype(jnp.int32)
-  o_BHTK = flash_attention.flash_attention(
-      heads_first(q_BTHK), jnp.repeat(k_BGSK, r, axis=1), jnp.repeat(v_BGSK, r, axis=1),
-      segment_ids=flash_attention.SegmentIds(q=valid_BT, kv=valid_BT), causal=True,
-      sm_scale=scale)
-  return heads_first(o_BHTK)
+
+  def kernel(q_BHTK, k_BHSK, v_BHSK, valid_BT):
+    segments = flash_attention.SegmentIds(q=valid_BT, kv=valid_BT)
+    return flash_attention.flash_attention(q_BHTK, k_BHSK, v_BHSK, segment_ids=segments,
+                                           causal=True, sm_scale=scale)
+
+  args = (heads_first(q_BTHK), jnp.repeat(k_BGSK, r, axis=1), jnp.repeat(v_BGSK, r, axis=1),
+          valid_BT)
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh.empty:
+    return heads_first(kernel(*args))
+  size = lambda axis: mesh.shape.get(axis, 1)
+  rows = tuple(a for a in sharding.ROWS if size(a) > 1) or None
+  heads = "tensor" if size("tensor") > 1 and h % size("tensor") == 0 else None
+  spec = jax.sharding.PartitionSpec(rows, heads)
+  sharded = jax.shard_map(kernel, in_specs=(spec, spec, spec, jax.sharding.PartitionSpec(rows)),
+                          out_specs=spec, check_vma=False)
+  return heads_first(sharded(*args))
 
 
 def _attend_fused(cfg, q_BTHK, k_BGSK, v_BGSK, allowed_BTS, scale):

@@ -219,12 +219,12 @@ class TransformerTest(parameterized.TestCase):
     # interpreter on this CPU: grouped-query heads, left padding; values and gradients at the
     # real tokens agree with the XLA path.
     from jax.experimental.pallas import tpu as pltpu  # pylint: disable=g-import-not-at-top
-    cfg = transformer.Config.named("tiny", heads=4, kv_heads=2, head_dim=32)
-    B, T = 2, 128
+    cfg = transformer.Config.named("tiny", heads=2, kv_heads=1, head_dim=32)
+    T = 128
     keys = jax.random.split(jax.random.key(0), 3)
-    q_BTHK = jax.random.normal(keys[0], (B, T, 4, 32))
-    k_BGSK, v_BGSK = (jax.random.normal(k, (B, 2, T, 32)) for k in keys[1:])
-    valid_BT = jnp.arange(T)[None, :] >= jnp.asarray([[0], [37]])     # row 1: 37 pads
+    q_BTHK = jax.random.normal(keys[0], (1, T, 2, 32))
+    k_BGSK, v_BGSK = (jax.random.normal(k, (1, 1, T, 32)) for k in keys[1:])
+    valid_BT = jnp.arange(T)[None, :] >= 37     # 37 pads on the left
     slots = jnp.arange(T, dtype=jnp.int32)
     allowed_BTS = decoder_math.allowed(cfg, None, None, slots, valid_BT)[0]
     scale = cfg.head_dim ** -0.5
