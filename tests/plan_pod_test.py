@@ -63,7 +63,8 @@ class CompileTest(absltest.TestCase):
                "--config.mesh.data=1", "--config.mesh.fsdp=4",
                "--config.rollout.prompts_per_step=4", "--config.rollout.group_size=2",
                "--config.rollout.max_len=64", "--config.rollout.max_new_tokens=32",
-               "--config.rollout.slots=8", "--config.updates.minibatches=1", *extra]
+               "--config.rollout.slots=8", "--config.updates.minibatches=1",
+               "--config.updates.score_minibatches=1", *extra]
     path = os.path.join(tempfile.mkdtemp(), "plan.json")
     out = subprocess.run([*command, f"--json={path}"], cwd=_ROOT, capture_output=True,
                          text=True, check=True, env={**os.environ, "JAX_PLATFORMS": "cpu"},

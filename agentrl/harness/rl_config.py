@@ -125,18 +125,21 @@ def rl_config(preset: str = "cpu", *, smoke: bool = False) -> mlc.ConfigDict:
   elif preset == "pod":
     c.total_steps = 500
     c.task.update(name="reasoning_gym", rg_dataset="gsm_symbolic", chat_template=True)
-    c.model.update(init="hf", variant="qwen3-8b", path="", dtype="bfloat16", logprob_impl="auto")
+    # remat, fused attention and a scored-in-parts batch: what an 8B model's steps need to fit
+    # (docs/scaling.md §4: without them the update and score steps run out of HBM).
+    c.model.update(init="hf", variant="qwen3-8b", path="", dtype="bfloat16", logprob_impl="auto",
+                   remat=True, attention="fused")
     c.rollout.update(prompts_per_step=256, group_size=16, max_new_tokens=2048, max_len=3072,
                      slots=256)
     c.optim.update(lr=1e-6, warmup_steps=10)
-    c.updates.minibatches = 4
+    c.updates.update(minibatches=4, score_minibatches=4)
     c.eval.update(num_problems=512, every=50)
     c.mesh = dict(data=-1, fsdp=8, tensor=1)
   if smoke:
     c.total_steps = 2
     c.sft.update(steps_max=2, batch_size=8, eval_every=1, eval_problems=8)
     c.rollout.update(prompts_per_step=2, group_size=2, max_new_tokens=8, max_len=24)
-    c.updates.minibatches = 1
+    c.updates.update(minibatches=1, score_minibatches=1)
     c.eval.update(num_problems=4, every=0)
     c.log.save_every = 1
   return c
