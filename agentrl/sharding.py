@@ -20,6 +20,7 @@ from typing import Any
 from absl import logging
 from flax import nnx
 import jax
+from jax.experimental import mesh_utils
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 import jax.numpy as jnp
 
@@ -102,7 +103,21 @@ def make_mesh(shape, *, axis_types=None, devices=None) -> jax.sharding.Mesh:
   axis_types = tuple(axis_types)
   if len(axis_types) != len(MESH_AXES):
     raise ValueError(f"axis_types needs one AxisType per axis {MESH_AXES}; got {axis_types}.")
+  slices = len({getattr(d, "slice_index", 0) for d in devices})
+  if slices > 1:
+    return _multi_slice_mesh(sizes, devices, slices, axis_types)
   return jax.make_mesh(tuple(sizes), MESH_AXES, axis_types=axis_types, devices=devices)
+
+
+def _multi_slice_mesh(sizes, devices, slices: int, axis_types) -> jax.sharding.Mesh:
+  """Several TPU slices joined by the data-center network: `data` spans the slices (only its
+  gradient all-reduce crosses them), `fsdp` and `tensor` stay within each slice's ICI."""
+  if sizes[0] % slices:
+    raise ValueError(f"Mesh {dict(zip(MESH_AXES, sizes))} spans {slices} slices: the data "
+                     f"axis must be a multiple of {slices} (set mesh.data={slices} or more).")
+  ici = (sizes[0] // slices, *sizes[1:])
+  grid = mesh_utils.create_hybrid_device_mesh(ici, (slices, 1, 1), devices=devices)
+  return jax.sharding.Mesh(grid, MESH_AXES, axis_types=axis_types)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -22,8 +22,8 @@ are planned), the mesh (`mesh.data/fsdp/tensor`) and the sharding rules, and the
            fused log-prob, the optimizer with gradient clipping) under
            `loop.skip_nonfinite`, jitted as the experiment jits it (state donated, state
            shardings out), on one minibatch;
-  score    `loop.make_score_step` (pi_old, and pi_ref when the loss has a KL term) on the
-           whole step's batch;
+  score    `loop.make_score_step` (pi_old, and pi_ref when the loss has a KL term) on one
+           of the `updates.score_minibatches` row parts of the step's batch;
   prefill  the rollout engine's prefill of `rollout.slots` rows of the prompt budget
            (max_len - max_new_tokens) into the KV cache;
   decode   the engine's chunk of decode steps over `rollout.slots` slots and a cache of
@@ -232,7 +232,8 @@ def plan_programs(config, mesh, programs) -> list[Plan]:
       score = jax.jit(loop.make_score_step(graphdef, temperature=rc.temperature,
                                            logprob_impl=mc.logprob_impl, with_ref=with_ref))
       ref = (None if not with_ref or lora.has_adapters(state.params) else state_in.params)
-      batch = abstract_batch(rows, rc.max_len, mesh, with_ref=False)
+      batch = abstract_batch(rows // config.updates.get("score_minibatches", 1), rc.max_len,
+                             mesh, with_ref=False)
       plans.append(compile_plan("score", lambda: score.lower(state_in.params, ref, batch),
                                 held=opt_bytes))
     rollout = [p for p in ("prefill", "decode") if p in programs]
@@ -325,7 +326,8 @@ def main(argv):
         f"{config.model.variant} ({config.model.dtype}, remat={config.model.get('remat')}, "
         f"attention={config.model.get('attention')}), lora rank {config.lora.rank}; "
         f"{rc.prompts_per_step} x {rc.group_size} rows of {rc.max_len} tokens, "
-        f"{config.updates.minibatches} minibatches; {rc.slots} decode slots", flush=True)
+        f"{config.updates.minibatches} minibatches (scored in "
+        f"{config.updates.get('score_minibatches', 1)}); {rc.slots} decode slots", flush=True)
   plans = plan_programs(config, mesh, _PROGRAMS.value)
   print(table(plans, hbm))
   fits, line = verdict(plans, hbm)

@@ -3,9 +3,9 @@
 
 The compile cases need libtpu, which CI does not install (with it, every JAX process first
 tries to start a TPU runtime): `pip install -e '.[tpu-plan]'` runs them. They compile GRPO's
-real update step and the engine's decode step for the tiny preset on v5e:2x2, check that the
-per-chip figures are positive and fit, and that the same plan is reported as not fitting when
-the chip is given less memory than it needs.
+real update step and the engine's decode step for the tiny preset on v5e:2x2 (and on two such
+slices), check that the per-chip figures are positive and fit, and that the same plan is
+reported as not fitting when the chip is given less memory than it needs.
 """
 import functools
 import importlib.util
@@ -63,7 +63,8 @@ class CompileTest(absltest.TestCase):
                "--config.mesh.data=1", "--config.mesh.fsdp=4",
                "--config.rollout.prompts_per_step=4", "--config.rollout.group_size=2",
                "--config.rollout.max_len=64", "--config.rollout.max_new_tokens=32",
-               "--config.rollout.slots=8", "--config.updates.minibatches=1", *extra]
+               "--config.rollout.slots=8", "--config.updates.minibatches=1",
+               "--config.updates.score_minibatches=1", *extra]
     path = os.path.join(tempfile.mkdtemp(), "plan.json")
     out = subprocess.run([*command, f"--json={path}"], cwd=_ROOT, capture_output=True,
                          text=True, check=True, env={**os.environ, "JAX_PLATFORMS": "cpu"},
@@ -81,6 +82,12 @@ class CompileTest(absltest.TestCase):
       self.assertIn("all-gather", p["collectives"])   # fsdp gathers the sharded weights
     self.assertGreater(plans["plans"][0]["aliased"], 0)   # the update step donates its state
     self.assertRegex(out.splitlines()[-1], r"^fits: yes, [\d.]+ GiB of 16 GiB per chip")
+
+  def test_two_slices_split_the_data_axis(self):
+    out, plans = self._plan("--num_slices=2", "--config.mesh.data=2")
+    self.assertIn("8 chips", out.splitlines()[0])
+    self.assertIn("mesh {'data': 2, 'fsdp': 4, 'tensor': 1}", out.splitlines()[0])
+    self.assertTrue(plans["fits"])
 
   def test_too_little_memory_does_not_fit(self):
     out, plans = self._plan("--hbm_gib=0.001")

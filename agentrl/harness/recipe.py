@@ -57,7 +57,8 @@ def loop_options(config: mlc.ConfigDict) -> dict:
   lc = config.log
   wandb = {"project": lc.wandb_project, "config": config.to_dict()} if lc.wandb_project else None
   uc = config.updates
-  return dict(epochs=uc.epochs, num_minibatches=uc.minibatches, eval_every=config.eval.every,
+  return dict(epochs=uc.epochs, num_minibatches=uc.minibatches,
+              score_minibatches=uc.get("score_minibatches", 1), eval_every=config.eval.every,
               # The newest `keep` checkpoints, and those of the evaluation steps (for
               # experiments.eval --config.step=N) when they were saved.
               save_every=lc.save_every, keep=lc.keep, keep_period=config.eval.every,

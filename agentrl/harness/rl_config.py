@@ -101,9 +101,11 @@ def rl_config(preset: str = "cpu", *, smoke: bool = False) -> mlc.ConfigDict:
   # max_staleness k > 0: rollouts of steps s+1..s+k are made while step s trains (step t's
   # from the params after t-1-k updates; agentrl/train/overlap.py), stale rows corrected by
   # off_policy (token_tis, sequence_tis, token_mask, sequence_mask, none) at off_policy_threshold.
-  c.updates = dict(epochs=1, minibatches=2, stop_after_skipped=10, stop_after_collapsed=20,
-                   sort_by_length=False, max_staleness=0, off_policy="token_tis",
-                   off_policy_threshold=2.0)
+  # score_minibatches: the score step's forward (pi_old, pi_ref) runs on this many row parts
+  # of the batch, one at a time (a pod-sized batch does not fit one forward).
+  c.updates = dict(epochs=1, minibatches=2, score_minibatches=1, stop_after_skipped=10,
+                   stop_after_collapsed=20, sort_by_length=False, max_staleness=0,
+                   off_policy="token_tis", off_policy_threshold=2.0)
   c.eval = dict(num_problems=1000, every=25)
   c.mesh = dict(data=1, fsdp=1, tensor=1)
   c.sharding_rules = list(sharding.DEFAULT_RULES)
@@ -123,18 +125,21 @@ def rl_config(preset: str = "cpu", *, smoke: bool = False) -> mlc.ConfigDict:
   elif preset == "pod":
     c.total_steps = 500
     c.task.update(name="reasoning_gym", rg_dataset="gsm_symbolic", chat_template=True)
-    c.model.update(init="hf", variant="qwen3-8b", path="", dtype="bfloat16", logprob_impl="auto")
+    # remat, fused attention and a scored-in-parts batch: what an 8B model's steps need to fit
+    # (docs/scaling.md §4: without them the update and score steps run out of HBM).
+    c.model.update(init="hf", variant="qwen3-8b", path="", dtype="bfloat16", logprob_impl="auto",
+                   remat=True, attention="fused")
     c.rollout.update(prompts_per_step=256, group_size=16, max_new_tokens=2048, max_len=3072,
                      slots=256)
     c.optim.update(lr=1e-6, warmup_steps=10)
-    c.updates.minibatches = 4
+    c.updates.update(minibatches=4, score_minibatches=4)
     c.eval.update(num_problems=512, every=50)
     c.mesh = dict(data=-1, fsdp=8, tensor=1)
   if smoke:
     c.total_steps = 2
     c.sft.update(steps_max=2, batch_size=8, eval_every=1, eval_problems=8)
     c.rollout.update(prompts_per_step=2, group_size=2, max_new_tokens=8, max_len=24)
-    c.updates.minibatches = 1
+    c.updates.update(minibatches=1, score_minibatches=1)
     c.eval.update(num_problems=4, every=0)
     c.log.save_every = 1
   return c
@@ -185,6 +190,7 @@ RL_SCHEMA = {
     "lora.dropout": configs.Key(float, min=0.0, max=1.0),
     "updates.epochs": configs.Key(int, min=1),
     "updates.minibatches": configs.Key(int, min=1),
+    "updates.score_minibatches": configs.Key(int, min=1),
     "updates.stop_after_skipped": configs.Key(int, min=0),
     "updates.stop_after_collapsed": configs.Key(int, min=0),
     "updates.sort_by_length": configs.Key(bool),
@@ -214,6 +220,9 @@ def validate(config: mlc.ConfigDict, schema) -> None:
                   f"config.optim.decay_steps ({oc.decay_steps}) must exceed optim.warmup_steps "
                   f"({oc.warmup_steps}), or be 0 for a constant learning rate")
   configs.divides("updates.minibatches", config.updates.minibatches,
+                  "rollout.prompts_per_step * rollout.group_size",
+                  rc.prompts_per_step * rc.group_size)
+  configs.divides("updates.score_minibatches", config.updates.get("score_minibatches", 1),
                   "rollout.prompts_per_step * rollout.group_size",
                   rc.prompts_per_step * rc.group_size)
   configs.require(rc.max_new_tokens < rc.max_len,

@@ -86,17 +86,78 @@ def heads_first(x_BTGK):
 
 
 # Config.attention: "xla" computes the [B, G, R, T, S] scores in float32 and keeps them for the
-# backward pass; "fused" calls `jax.nn.dot_product_attention`, which on a GPU in bfloat16 is
-# cuDNN's flash attention (scores never stored; the same math elsewhere, through XLA). It
-# applies to cache-free forwards (training and scoring, T = S); decode steps keep "xla".
+# backward pass; "fused" never stores them: chosen when the program is lowered for its
+# platform (`lax.platform_dependent`, so an ahead-of-time compile for a TPU gets the TPU one),
+# on a TPU the Pallas flash attention kernel, on a GPU in bfloat16 cuDNN's flash attention
+# (`jax.nn.dot_product_attention`), elsewhere that function's XLA path (the same math as
+# "xla"). It applies to cache-free forwards (training and scoring, T = S); decode steps keep
+# "xla", and on a TPU so do sliding-window models and lengths not a multiple of TPU_BLOCK.
 ATTENTIONS = ("xla", "fused")
+TPU_BLOCK = 128   # the TPU kernel's sequence tile: T must be a multiple of it
 
 
-def _attend_fused(q_BTHK, k_BGSK, v_BGSK, allowed_BTS, scale):
-  on_gpu = jax.default_backend() == "gpu" and q_BTHK.dtype in (jnp.bfloat16, jnp.float16)
+def _attend_cudnn(q_BTHK, k_BGSK, v_BGSK, allowed_BTS, scale):
   return jax.nn.dot_product_attention(
       q_BTHK, heads_first(k_BGSK), heads_first(v_BGSK), mask=allowed_BTS[:, None],
-      scale=scale, implementation="cudnn" if on_gpu else "xla")
+      scale=scale, implementation="cudnn")
+
+
+def _attend_dot_product(q_BTHK, k_BGSK, v_BGSK, allowed_BTS, scale):
+  return jax.nn.dot_product_attention(
+      q_BTHK, heads_first(k_BGSK), heads_first(v_BGSK), mask=allowed_BTS[:, None],
+      scale=scale, implementation="xla")
+
+
+def attend_tpu_flash(q_BTHK, k_BGSK, v_BGSK, allowed_BTS, scale):
+  """The Pallas TPU flash attention kernel for a causal mask over valid keys (what `allowed`
+  gives a cache-free forward: key s visible to query t iff s <= t and s is a real token).
+
+  Validity is the kernel's segment id (real tokens 1, padding 0), so real queries see only
+  real keys; padding queries see padding (their outputs are never read). The R query heads of
+  a KV head share it by repetition (the kernel has no grouped-query form). Under a mesh the
+  kernel runs per device (`shard_map`: a Mosaic kernel is not partitioned automatically), rows
+  split as the batch is and heads over `tensor` when it divides them.
+  """
+  # pylint: disable=g-import-not-at-top
+  from jax.experimental.pallas.ops.tpu import flash_attention
+  from agentrl import sharding   # imported here: sharding imports the model modules
+  # pylint: enable=g-import-not-at-top
+  h = q_BTHK.shape[2]
+  r = h // k_BGSK.shape[1]
+  valid_BT = jnp.diagonal(allowed_BTS, axis1=1, axis2=2).astype(jnp.int32)
+
+  def kernel(q_BHTK, k_BHSK, v_BHSK, valid_BT):
+    segments = flash_attention.SegmentIds(q=valid_BT, kv=valid_BT)
+    return flash_attention.flash_attention(q_BHTK, k_BHSK, v_BHSK, segment_ids=segments,
+                                           causal=True, sm_scale=scale)
+
+  args = (heads_first(q_BTHK), jnp.repeat(k_BGSK, r, axis=1), jnp.repeat(v_BGSK, r, axis=1),
+          valid_BT)
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh.empty:
+    return heads_first(kernel(*args))
+  size = lambda axis: mesh.shape.get(axis, 1)
+  rows = tuple(a for a in sharding.ROWS if size(a) > 1) or None
+  heads = "tensor" if size("tensor") > 1 and h % size("tensor") == 0 else None
+  spec = jax.sharding.PartitionSpec(rows, heads)
+  sharded = jax.shard_map(kernel, in_specs=(spec, spec, spec, jax.sharding.PartitionSpec(rows)),
+                          out_specs=spec, check_vma=False)
+  return heads_first(sharded(*args))
+
+
+def _attend_fused(cfg, q_BTHK, k_BGSK, v_BGSK, allowed_BTS, scale):
+  t = q_BTHK.shape[1]
+  bind = lambda fn: functools.partial(fn, scale=scale)   # a static float, not an operand
+  branches = {}
+  if not cfg.sliding_window and t % TPU_BLOCK == 0:
+    branches["tpu"] = bind(attend_tpu_flash)
+  # Traced only where cuDNN is (tracing it elsewhere fails); half precision only.
+  if jax.default_backend() == "gpu" and q_BTHK.dtype in (jnp.bfloat16, jnp.float16):
+    branches["cuda"] = bind(_attend_cudnn)
+  args = (q_BTHK, k_BGSK, v_BGSK, allowed_BTS)
+  if not branches:
+    return bind(_attend_dot_product)(*args)
+  return jax.lax.platform_dependent(*args, default=bind(_attend_dot_product), **branches)
 
 
 def _attend(cfg, q_BTHK, k_BGSK, v_BGSK, allowed_BTS):
@@ -105,7 +166,7 @@ def _attend(cfg, q_BTHK, k_BGSK, v_BGSK, allowed_BTS):
   g = k_BGSK.shape[1]
   scale = (cfg.query_pre_attn_scalar or cfg.head_dim) ** -0.5
   if cfg.attention == "fused" and t == k_BGSK.shape[2]:
-    return _attend_fused(q_BTHK, k_BGSK, v_BGSK, allowed_BTS, scale)
+    return _attend_fused(cfg, q_BTHK, k_BGSK, v_BGSK, allowed_BTS, scale)
   q_BTGRK = q_BTHK.reshape(b, t, g, h // g, k)
   s_BGRTS = jnp.einsum("btgrk,bgsk->bgrts", q_BTGRK, k_BGSK,
                        preferred_element_type=jnp.float32) * scale

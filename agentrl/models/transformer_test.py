@@ -1,6 +1,7 @@
 # pylint: disable=invalid-name
 """Tests of the decoder: preset sizes, KV-cache decoding, causality, dtypes, sharding names."""
 import dataclasses
+import functools
 from unittest import mock
 
 from absl.testing import absltest
@@ -186,11 +187,13 @@ class TransformerTest(parameterized.TestCase):
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4),
                  looped_g, scanned_g)
 
-  def test_fused_attention_matches_xla(self):
-    # GQA (4 query heads on 2 KV heads), sliding windows, a custom scale and left padding
-    # (fully masked query rows); values and every gradient agree.
-    cfg = transformer.Config.named("tiny", sliding_window=3, sliding_window_pattern=2,
-                                   query_pre_attn_scalar=24.0, qkv_bias=True)
+  @parameterized.parameters(dict(sliding_window=3, sliding_window_pattern=2),
+                            dict(sliding_window=None))
+  def test_fused_attention_matches_xla(self, **window):
+    # GQA (4 query heads on 2 KV heads), sliding windows or not (without, the platform-
+    # dependent choice: XLA's branch on a CPU), a custom scale and left padding (fully masked
+    # query rows); values and every gradient agree.
+    cfg = transformer.Config.named("tiny", query_pre_attn_scalar=24.0, qkv_bias=True, **window)
     graphdef, params = testing.random_params(cfg)
     tokens_BT, positions_BT, mask_BT = _left_padded_batch(cfg.vocab)
     weights_BT = mask_BT[:, :, None]
@@ -210,6 +213,57 @@ class TransformerTest(parameterized.TestCase):
     np.testing.assert_allclose(fused, xla, rtol=1e-5)
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4),
                  fused_g, xla_g)
+
+  def test_tpu_flash_attention_matches_xla_in_interpret_mode(self):
+    # The TPU branch of attention="fused" (Pallas flash attention), run by Pallas's TPU
+    # interpreter on this CPU: grouped-query heads, left padding; values and gradients at the
+    # real tokens agree with the XLA path.
+    from jax.experimental.pallas import tpu as pltpu  # pylint: disable=g-import-not-at-top
+    cfg = transformer.Config.named("tiny", heads=2, kv_heads=1, head_dim=32)
+    T = 128
+    keys = jax.random.split(jax.random.key(0), 3)
+    q_BTHK = jax.random.normal(keys[0], (1, T, 2, 32))
+    k_BGSK, v_BGSK = (jax.random.normal(k, (1, 1, T, 32)) for k in keys[1:])
+    valid_BT = jnp.arange(T)[None, :] >= 37     # 37 pads on the left
+    slots = jnp.arange(T, dtype=jnp.int32)
+    allowed_BTS = decoder_math.allowed(cfg, None, None, slots, valid_BT)[0]
+    scale = cfg.head_dim ** -0.5
+    weights_BT1 = valid_BT[:, :, None, None]
+
+    def loss(attend, q, k, v):
+      return (weights_BT1 * attend(q, k, v) ** 2).sum()
+
+    xla = lambda q, k, v: jax.nn.dot_product_attention(
+        q, jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2), mask=allowed_BTS[:, None],
+        scale=scale, implementation="xla")
+    flash = lambda q, k, v: decoder_math.attend_tpu_flash(q, k, v, allowed_BTS, scale)
+    want, want_g = jax.value_and_grad(functools.partial(loss, xla), (0, 1, 2))(
+        q_BTHK, k_BGSK, v_BGSK)
+    with pltpu.force_tpu_interpret_mode():
+      got, got_g = jax.value_and_grad(functools.partial(loss, flash), (0, 1, 2))(
+          q_BTHK, k_BGSK, v_BGSK)
+    np.testing.assert_allclose(got, want, rtol=1e-4)
+    for a, b in zip(got_g, want_g):
+      np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-4)
+
+  def test_fused_attention_chooses_by_platform_at_tile_lengths(self):
+    # At a multiple of the TPU tile the TPU kernel is staged out beside XLA's path and the
+    # lowering platform picks (this CPU: XLA's, equal to attention="xla").
+    cfg = transformer.Config.named("tiny")
+    graphdef, params = testing.random_params(cfg)
+    tokens_BT = jax.random.randint(jax.random.key(4), (1, decoder_math.TPU_BLOCK), 0, cfg.vocab)
+    positions_BT = jnp.arange(decoder_math.TPU_BLOCK)[None]
+
+    def logits(attention):
+      gd = nnx.split(nnx.eval_shape(lambda: transformer.Transformer(
+          dataclasses.replace(cfg, attention=attention), rngs=nnx.Rngs(0))))[0]
+      f = lambda p: nnx.merge(gd, p)(tokens_BT, positions_BT)
+      return jax.jit(f)(params), str(jax.make_jaxpr(f)(params))
+
+    (fused, fused_jaxpr), (xla, xla_jaxpr) = logits("fused"), logits("xla")
+    self.assertIn("platform_index", fused_jaxpr)
+    self.assertNotIn("platform_index", xla_jaxpr)
+    np.testing.assert_allclose(fused, xla, rtol=1e-5, atol=1e-5)
 
   def test_fused_attention_config_errors(self):
     with self.assertRaisesRegex(ValueError, "attention='flash'; expected one of"):

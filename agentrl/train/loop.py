@@ -248,6 +248,17 @@ def minibatches(batch: types.Batch, *, num: int, rng: jax.Array | None) -> list[
           for i in range(num)]
 
 
+def score_in_parts(score_fn, params, batch: types.Batch, num: int) -> tuple[types.Batch, dict]:
+  """`score_fn(params, batch)` over `num` equal row parts in order, the scored parts joined
+  back in row order and each metric the mean of the parts' (equal row counts)."""
+  if num == 1:
+    return score_fn(params, batch)
+  scored = [score_fn(params, part) for part in minibatches(batch, num=num, rng=None)]
+  joined = jax.tree.map(lambda *parts: jnp.concatenate(parts), *[b for b, _ in scored])
+  metrics = {k: jnp.mean(jnp.stack([m[k] for _, m in scored])) for k in scored[0][1]}
+  return joined, metrics
+
+
 def length_sorted_minibatches(batch: types.Batch, lengths_B, *, num: int, seed=None,
                               min_len: int = 16) -> list[types.Batch]:
   """`num` minibatches of rows of similar length, each cut to its own padded length.
@@ -283,7 +294,7 @@ def run(state, *, rng: jax.Array, total_steps: int, workdir: str,
         advantage_fn: Callable[[types.Batch, dict], tuple[types.Batch, dict]],
         update_fn: Callable[[Any, types.Batch], tuple[Any, dict]],
         epochs: int = 1, num_minibatches: int = 1, shuffle: bool = True,
-        sort_by_length: bool = False,
+        sort_by_length: bool = False, score_minibatches: int = 1,
         data: DataStream | None = None,
         evaluate: Callable[[Any], dict[str, float]] | None = None, eval_every: int = 0,
         save_every: int = 50, keep: int = 2, keep_period: int = 0, async_save: bool = True,
@@ -307,6 +318,9 @@ def run(state, *, rng: jax.Array, total_steps: int, workdir: str,
       similar length, each minibatch padded to its own bucket; visited in an order drawn from
       (step, epoch) when `shuffle`) when the rollout reports `lengths_B`; default: random
       equal splits of the rows at the batch's T.
+    score_minibatches: score the batch in this many row parts, one forward's activations at
+      a time (`score_in_parts`): what a pod-sized batch needs, where one forward over every
+      row of the step runs out of memory (scripts/plan_pod.py).
     data: the prompt stream whose position is checkpointed.
     evaluate: params -> metrics (e.g. held-out greedy success), run before step 1, every
       `eval_every` steps and after the last; logged with an "eval/" prefix.
@@ -368,7 +382,7 @@ def run(state, *, rng: jax.Array, total_steps: int, workdir: str,
         state, record = _step(state, step, rng, producer, score_fn, advantage_fn, update_fn,
                               epochs=epochs, num_minibatches=num_minibatches, shuffle=shuffle,
                               sort_by_length=sort_by_length, beat=beat, inputs_of=inputs_of,
-                              correct=correct)
+                              correct=correct, score_minibatches=score_minibatches)
         if evaluate is not None and (step == total_steps or
                                      (eval_every and step % eval_every == 0)):
           producer.drain()  # the rollout thread and evaluation share the engine
@@ -435,7 +449,8 @@ def _prefixed(scalars: Mapping[str, Any]) -> dict[str, float]:
 
 
 def _step(state, step, rng, producer, score_fn, advantage_fn, update_fn, *, epochs,
-          num_minibatches, shuffle, beat, inputs_of, sort_by_length=False, correct=None):
+          num_minibatches, shuffle, beat, inputs_of, sort_by_length=False, correct=None,
+          score_minibatches=1):
   """One RL step; returns (state, flat host metrics).
 
   Each phase is timed up to the moment its results are ready on the device (JAX dispatch is
@@ -453,7 +468,8 @@ def _step(state, step, rng, producer, score_fn, advantage_fn, update_fn, *, epoc
   # device (docs/style.md C9); an accidental host round trip here fails loudly.
   beat.phase(f"step {step}: score")
   with jax.transfer_guard("disallow"):
-    batch, score_metrics = score_fn(state.params, rollout.batch)
+    batch, score_metrics = score_in_parts(score_fn, state.params, rollout.batch,
+                                          score_minibatches)
     batch, adv_metrics = advantage_fn(batch, rollout.extras)
     if correct is not None:
       batch, correction_metrics = correct(batch)

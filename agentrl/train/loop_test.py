@@ -292,6 +292,24 @@ class HelpersTest(absltest.TestCase):
     with self.assertRaisesRegex(ValueError, "minibatches=3 must divide the batch size 8"):
       loop.minibatches(batch, num=3, rng=None)
 
+  def test_score_in_parts_equals_one_forward(self):
+    cfg = transformer.Config.named("tiny")
+    graphdef, params = testing.random_params(cfg)
+    tokens_BT = jax.random.randint(jax.random.key(3), (8, 6), 0, cfg.vocab)
+    batch = types.Batch(tokens_BT=tokens_BT, positions_BT=jnp.tile(jnp.arange(6), (8, 1)),
+                        input_mask_BT=jnp.ones((8, 6), bool), loss_mask_BT=jnp.ones((8, 6)),
+                        sampler_logp_BT=jnp.full((8, 6), -2.0), aux={"row_B": jnp.arange(8)})
+    score = jax.jit(loop.make_score_step(graphdef, temperature=1.0, with_ref=True))
+    score_fn = lambda p, b: score(p, p, b)
+    whole, whole_metrics = score_fn(params, batch)
+    parts, part_metrics = loop.score_in_parts(score_fn, params, batch, 4)
+    np.testing.assert_array_equal(parts.aux["row_B"], np.arange(8))   # rows in order
+    np.testing.assert_allclose(parts.old_logp_BT, whole.old_logp_BT, atol=1e-6)
+    np.testing.assert_allclose(parts.ref_logp_BT, whole.ref_logp_BT, atol=1e-6)
+    self.assertEqual(set(part_metrics), {"entropy", "logp_mismatch", "kl"})
+    for key, value in whole_metrics.items():   # every row has 6 tokens: equal-weight parts
+      np.testing.assert_allclose(part_metrics[key], value, rtol=1e-5, atol=1e-7)
+
   def test_minibatches_carry_entropy_and_aux_with_their_rows(self):
     rows_B = jnp.arange(8)
     batch = types.Batch(tokens_BT=jnp.stack([rows_B, rows_B], 1), positions_BT=jnp.zeros((8, 2)),
