@@ -52,9 +52,9 @@ on the 64 games:
   grpo, gigpo, infopo, mapo, certainty_mix   as above (mapo: TextWorld's intermediate reward,
                1 for a command that shortened the winning command sequence, is its progress
                signal);
-  gigpo_episode  GiGPO without its step groups (omega 0: the episode term alone, whose
-               statistics weigh each trajectory by its turn count): the ablation that tells
-               which of GiGPO's two terms moves it away from GRPO here.
+  gigpo_std    GiGPO with both levels divided by their std ("mean_std_norm", what its ALFWorld
+               and search launchers run; its default "mean_norm" only centres, so its
+               advantages are about half GRPO's z-scores at the same learning rate).
   spa_rl       SPA-RL (`experiments.agents.spa_rl`, the same warm start): an online progress
                estimator's turn contributions + 0.5 for an admissible command.
 
@@ -137,8 +137,8 @@ TASKS = {
         **{credit: _agent(f"--config.loss.credit={credit}")
            for credit in ("grpo", "infopo", "mapo", "certainty_mix")},
         "gigpo": _agent("--config.loss.credit=gigpo", "--config.loss.gamma=0.95"),
-        "gigpo_episode": _agent("--config.loss.credit=gigpo", "--config.loss.gamma=0.95",
-                                "--config.loss.omega=0"),
+        "gigpo_std": _agent("--config.loss.credit=gigpo", "--config.loss.gamma=0.95",
+                            "--config.loss.gigpo_mode=mean_std_norm"),
         "spa_rl": ("spa_rl", []),
     }, [], "TextWorld coin collector, 20 turns", "runs/textworld_study", preset="textworld"),
 }

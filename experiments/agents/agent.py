@@ -115,7 +115,8 @@ def get_config(arg: str | None = None) -> mlc.ConfigDict:
                    old_logp="learner")
   # credit: "a2tgpo_igpo" (the module docstring), "igpo" (IGPO's own advantage over the same
   # gains: agentrl.credit.igpo), "gigpo" (episode + anchor-state step groups, omega the step
-  # weight: agentrl.credit.gigpo; its launchers use gamma 0.95), "siop" (the group's own final
+  # weight, gigpo_mode whether both levels also divide by the std: agentrl.credit.gigpo; its
+  # launchers use gamma 0.95, mean_norm, and mean_std_norm for ALFWorld and search), "siop" (the group's own final
   # answers as references, no gold: agentrl.credit.siop, its defaults lambda 0.5, eta 1.0, 3
   # references), "infopo" (counterfactual-observation information + gated outcome GRPO:
   # agentrl.credit.infopo, its defaults), "mapo" (MAPO, arXiv 2603.06194: Monte-Carlo returns
@@ -129,7 +130,8 @@ def get_config(arg: str | None = None) -> mlc.ConfigDict:
   # ("guess", the stop id) get no net push from failed episodes being longer than solved ones;
   # token-mean in the chat-model presets, as verl.
   c.loss = dict(credit="a2tgpo_igpo", eps_low=0.2, eps_high=0.2, agg="seq-mean-token-mean",
-                gamma=1.0, probe_len=16, omega=1.0, progress_coef=1.0, turn_weight=0.5)
+                gamma=1.0, probe_len=16, omega=1.0, gigpo_mode="mean_norm", progress_coef=1.0,
+                turn_weight=0.5)
   if arg.preset == "cpu" and not arg.smoke:
     # The closeness reward grades failed episodes by how far their guesses narrowed the secret
     # down, so a group whose samples all fail still carries a gradient (with the outcome alone,
@@ -212,6 +214,7 @@ SCHEMA = {
     "rollout.old_logp": configs.Key(str, choices=("learner", "sampler")),
     "loss.credit": configs.Key(str, choices=CREDITS),
     "loss.omega": configs.Key(float, min=0.0),
+    "loss.gigpo_mode": configs.Key(str, choices=gigpo.MODES),
     "loss.progress_coef": configs.Key(float, min=0.0),
     "loss.turn_weight": configs.Key(float, min=0.0, max=1.0),
     "loss.eps_low": configs.Key(float, min=0.0, max=1.0),
@@ -291,7 +294,8 @@ def make_advantage_fn(config):
 
   def gigpo_fn(batch: types.Batch, extras):
     adv_BU = gigpo.gigpo(batch.reward_B, extras["step_reward_BU"], extras["anchor_id_BU"],
-                         group_size=G, gamma=gamma, omega=config.loss.omega)
+                         group_size=G, gamma=gamma, omega=config.loss.omega,
+                         mode=config.loss.get("gigpo_mode", "mean_norm"))
     return done(batch, to_tokens(batch, adv_BU), {})
 
   def igpo_fn(batch: types.Batch, extras):
