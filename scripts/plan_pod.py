@@ -137,21 +137,15 @@ def model_config(config) -> transformer.Config:
 
 def abstract_policy(config, cfg, mesh, tx):
   """(graphdef, abstract TrainState, its shardings) of the policy the experiment trains."""
-  spec, graph = rl_config.lora_config(config.get("lora")), []
-  rules = sharding.complete_rules(config.sharding_rules)
+  spec = rl_config.lora_config(config.get("lora"))
 
-  def init():
-    graphdef, params = nnx.split(transformer.Transformer(cfg, rngs=nnx.Rngs(0)))
-    if spec is not None:
-      graphdef, params = lora.attach(graphdef, params, *nnx.split(
-          lora.Adapters(cfg, spec, rngs=nnx.Rngs(1))))
-    graph.append(graphdef)
-    return types.TrainState(step=jnp.int32(0), params=params,
-                            opt_state=tx.init(lora.trainable(params)))
+  def new_model():
+    model = transformer.Transformer(cfg, rngs=nnx.Rngs(0))
+    return model if spec is None else lora.LoraTransformer(
+        model, lora.Adapters(cfg, spec, rngs=nnx.Rngs(1)))
 
-  with jax.set_mesh(mesh), nnx.logical_axis_rules(rules):
-    state = jax.eval_shape(init)
-  return graph[0], state, sharding.tree_shardings(state, mesh, config.sharding_rules)
+  state, shardings = sharding.abstract_train_state(new_model, tx, mesh, config.sharding_rules)
+  return nnx.split(nnx.eval_shape(new_model))[0], state, shardings
 
 
 def sharded(tree, shardings):

@@ -90,7 +90,8 @@ def survey(tc: dict, engine, params, tok, temperature: float) -> dict:
   won_PG = np.asarray([collect.trajectory_success(t) for t in sampled],
                       np.float32).reshape(-1, _GROUP.value)
   return {"greedy": episode_stats(greedy)["success"],
-          "one_turn": episode_stats(one_turn)["success"], **episode_stats(sampled), "mixed": float(np.mean(won_PG.min(1) < won_PG.max(1))),
+          "one_turn": episode_stats(one_turn)["success"], **episode_stats(sampled),
+          "mixed": float(np.mean(won_PG.min(1) < won_PG.max(1))),
           "seconds": time.perf_counter() - start}
 
 

@@ -220,9 +220,10 @@ def warm_start(config: mlc.ConfigDict, workdir: str, mesh, graphdef, params, tok
   answers; an env with demonstrations (hidden_rule, thinker, tool_use, calculator, textworld,
   verbose_arithmetic) its scripted episodes (`sft.demonstration_data`; the noise is
   sft.demo_noise; verbose answers carry random filler), with validation success measured by
-  greedy rollouts of `engine` (built here if None); `data` replaces the task's own SFT data (an experiment's demonstrations, e.g.
-  experiments/agents/ttexplore.py's thinker turns). Pretrained models (model.init gguf/hf) and
-  the envs with neither are returned as they are, with info {}.
+  greedy rollouts of `engine` (built here if None); `data` replaces the task's own SFT data
+  (an experiment's demonstrations, e.g. experiments/agents/ttexplore.py's thinker turns).
+  Pretrained models (model.init gguf/hf) and the envs with neither are returned as they are,
+  with info {}.
   """
   how = registry.check(config.task).sft
   if config.model.init != "scratch":

@@ -284,7 +284,8 @@ class AgentLoopTest(absltest.TestCase):
     trajs, _, spy, _ = self._run([ScriptedEnv(obs_len=3)], tok=tok, chat_template=False,
                                  max_turns=2)
     t = trajs[0]
-    self.assertEqual(list(t.tokens[:t.prompt_len]), [tok.bos_id] + CharTokenizer().encode("start 0"))
+    self.assertEqual(list(t.tokens[:t.prompt_len]),
+                     [tok.bos_id] + CharTokenizer().encode("start 0"))
     self.assertEqual(tok.encoded, ["start 0", "ooo"])
     n = int(spy.calls[0][1].lengths_B[0])
     np.testing.assert_array_equal(t.tokens[t.prompt_len + n:t.prompt_len + n + 3], [7 + 79] * 3)

@@ -18,9 +18,10 @@ context of a chunk is thus at most prompt + C tokens, whatever the trace's lengt
 
 Token in, token out: the carry-over is made of the sampled ids themselves, never decoded and
 re-encoded. Each chunk runs through the rollout engine (`Engine.run`) as a one-turn episode
-whose prompt is given as ids; chunk k of every live trace runs in one `Engine.run` call. The task env is reset once per trace and stepped once at the
-end with the text of the last chunk and its carry-over (the response the official reward
-manager scores), so any single-turn verifiable env works unchanged.
+whose prompt is given as ids; chunk k of every live trace runs in one `Engine.run` call. The
+task env is reset once per trace and stepped once at the end with the text of the last chunk
+and its carry-over (the response the official reward manager scores), so any single-turn
+verifiable env works unchanged.
 
 Each chunk is an `agent_loop.Trajectory`: its context has loss_mask 0 and turn -1, its sampled
 ids loss_mask 1 and turn k (the chunk index); every chunk of a trace carries the trace's

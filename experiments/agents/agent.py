@@ -116,14 +116,15 @@ def get_config(arg: str | None = None) -> mlc.ConfigDict:
   # credit: "a2tgpo_igpo" (the module docstring), "igpo" (IGPO's own advantage over the same
   # gains: agentrl.credit.igpo), "gigpo" (episode + anchor-state step groups, omega the step
   # weight, gigpo_mode whether both levels also divide by the std: agentrl.credit.gigpo; its
-  # launchers use gamma 0.95, mean_norm, and mean_std_norm for ALFWorld and search), "siop" (the group's own final
-  # answers as references, no gold: agentrl.credit.siop, its defaults lambda 0.5, eta 1.0, 3
-  # references), "infopo" (counterfactual-observation information + gated outcome GRPO:
-  # agentrl.credit.infopo, its defaults), "mapo" (MAPO, arXiv 2603.06194: Monte-Carlo returns
-  # of progress_coef x the env's progress signal + its turn rewards, turn_weight the share of
-  # the turn-level normalization against the batch-level one: agentrl.credit.mapo, [INF]
-  # defaults 1.0 and 0.5), "certainty_mix" (MAPO of arXiv 2509.18849, the certainty-mixed
-  # outcome advantage: agentrl.credit.certainty_mix) or "grpo" (outcome GRPO on every turn).
+  # launchers use gamma 0.95, mean_norm, and mean_std_norm for ALFWorld and search), "siop" (the
+  # group's own final answers as references, no gold: agentrl.credit.siop, its defaults lambda
+  # 0.5, eta 1.0, 3 references), "infopo" (counterfactual-observation information + gated
+  # outcome GRPO: agentrl.credit.infopo, its defaults), "mapo" (MAPO, arXiv 2603.06194:
+  # Monte-Carlo returns of progress_coef x the env's progress signal + its turn rewards,
+  # turn_weight the share of the turn-level normalization against the batch-level one:
+  # agentrl.credit.mapo, [INF] defaults 1.0 and 0.5), "certainty_mix" (MAPO of arXiv 2509.18849,
+  # the certainty-mixed outcome advantage: agentrl.credit.certainty_mix) or "grpo" (outcome GRPO
+  # on every turn).
   # gamma discounts later turns' advantages (not InfoPO's); probe_len is the room left for the
   # gold action (SIOP: each reference answer, cut to it) after the history in the probes.
   # agg: seq-mean-token-mean weighs every episode equally, so the tokens every turn shares
