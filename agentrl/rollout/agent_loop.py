@@ -85,6 +85,11 @@ class Trajectory:
   prompt_len: int
   greedy: bool = False
   infos: list[dict] = dataclasses.field(default_factory=list)   # env info of each step
+  # Branching (rollout/engine.py forks): this row continues trajectory `parent` of the same
+  # rollout after sharing its first `fork_at` tokens (identical ids, turns, log-probs, and
+  # the rewards and infos of the turns completed by then). A root has parent -1, fork_at 0.
+  parent: int = -1
+  fork_at: int = 0
 
 
 @dataclasses.dataclass
