@@ -108,6 +108,18 @@ class Row:
     self.turn_rewards, self.infos = [], []
     self.done = self.truncated = self.finished = False
     self.prompt_len = 0
+    self.actions = []          # the action text of each env step
+    self.parent, self.fork_at = -1, 0
+
+  def branch(self, at: int, steps: int, env) -> "Row":
+    """A new row that continues this one after its first `at` tokens and `steps` env steps."""
+    row = Row(env, self.greedy)
+    for name in ("tokens", "loss_mask", "turn", "logp"):
+      setattr(row, name, getattr(self, name)[:at])
+    for name in ("turn_rewards", "infos", "actions"):
+      setattr(row, name, getattr(self, name)[:steps])
+    row.prompt_len, row.fork_at = self.prompt_len, at
+    return row
 
   def append(self, ids, *, turn: int, logp=None):
     self.tokens.extend(int(t) for t in ids)
@@ -125,7 +137,7 @@ class Row:
         turn=np.asarray(self.turn, np.int32), sampler_logp=np.asarray(self.logp, np.float32),
         turn_rewards=list(self.turn_rewards), reward=float(sum(self.turn_rewards)),
         done=self.done, truncated=self.truncated, prompt_len=self.prompt_len, greedy=self.greedy,
-        infos=list(self.infos))
+        infos=list(self.infos), parent=self.parent, fork_at=self.fork_at)
 
 
 def has_tool_role(tok) -> bool:

@@ -48,7 +48,9 @@ from agentrl.envs import base
 from agentrl.envs import safe
 from agentrl.models import lora
 from agentrl.models import transformer
+from agentrl.envs import fork as env_fork
 from agentrl.rollout import agent_loop
+from agentrl.rollout import branching
 from agentrl.rollout import engine_programs as programs
 from agentrl.rollout import env_workers as workers_lib
 from agentrl.rollout import sampler as sampler_lib
@@ -69,6 +71,7 @@ class _Slot:
     self.pending = False     # new tokens to prefill before it can decode
     self.reset = episode is not None   # the cache row still holds a previous episode
     self.stopped = False     # the last turn ended on a stop id
+    self.mid_turn = False    # a branch that resumes a turn: its prefill starts no new turn
 
 
 class Engine:
@@ -110,6 +113,7 @@ class Engine:
     self.unstack = jax.jit(lambda params: transformer.unstack_layers(params))
     self.step_programs = _programs(graphdef)   # (prefill, decode)
     self.compact = jax.jit(programs.compact, donate_argnums=(0,))
+    self.fork = jax.jit(programs.fork, donate_argnums=(0,))
     self._merged = None   # (merge, programs of the merged graph) for a LoRA policy, made once
     self.chunk_s = 0.02   # wall time of the last decode chunk (how long to wait for envs)
 
@@ -126,8 +130,8 @@ class Engine:
           max_turns: int, max_new_tokens: int, max_len: int,
           greedy: bool | Sequence[bool] = False, chat_template: bool = True,
           system_prompt: str | None = None, temperature: float = 1.0, top_k: int = 0,
-          top_p: float = 1.0, logp_mode: str = "tempered", adaptive_temperature=None
-          ) -> tuple[list[agent_loop.Trajectory], dict[str, float]]:
+          top_p: float = 1.0, logp_mode: str = "tempered", adaptive_temperature=None,
+          brancher=None) -> tuple[list[agent_loop.Trajectory], dict[str, float]]:
     """Runs env i from reset(seeds[i]) for up to max_turns model turns; returns (trajs, metrics).
 
     Args:
@@ -144,6 +148,9 @@ class Engine:
       adaptive_temperature: None, or the 6 floats of `sampler.entropy_temperature` (HAPO's
         entropy-adaptive temperature): each sampled token's temperature then follows the
         entropy of its own next-token distribution.
+      brancher: None, or a function ForkPoint -> list of Fork (rollout/branching.py) that
+        forks episodes mid-way; the result then holds the roots (in the order of `envs`)
+        followed by the branches, each with its `parent` and `fork_at`.
     """
     if len(envs) != len(seeds):
       raise ValueError(f"got {len(envs)} envs but {len(seeds)} seeds; pass one seed per env.")
@@ -162,18 +169,20 @@ class Engine:
                     top_k=int(top_k), use_top_p=top_p < 1.0, logp_mode=logp_mode,
                     adaptive_6=sampler_lib.adaptive_params(adaptive_temperature))
     run = _Run(self, params, tok, rows, seeds, render, rng=rng, max_turns=max_turns,
-               max_new_tokens=max_new_tokens, max_len=max_len, sampling=sampling)
+               max_new_tokens=max_new_tokens, max_len=max_len, sampling=sampling,
+               brancher=brancher)
     workers = workers_lib.EnvWorkers(self.env_workers, self.env_timeout_s)
     try:
       run.loop(workers)
     finally:
       workers.close()
-    trajs = [r.trajectory() for r in rows]
+    trajs = run.trajectories()
     timeouts = run.counts.pop("env_timeouts")
     metrics = {f"rollout/{k}": float(v) for k, v in run.counts.items()}
     metrics["rollout/turn_cut_frac"] = run.cut_turns / max(run.model_turns, 1)
     metrics["rollout/prefill_tokens"] = float(run.prefill_tokens)
-    metrics.update(agent_loop.env_metrics(safe_envs, before, {"env_timeouts": timeouts}))
+    metrics.update(agent_loop.env_metrics(safe_envs + run.branch_envs, before + run.branch_before,
+                                          {"env_timeouts": timeouts}))
     metrics.update(agent_loop.summarize(trajs))
     return trajs, metrics
 
@@ -190,8 +199,9 @@ class _Run:
   """One `Engine.run`: the scheduler's host state and the device cache."""
 
   def __init__(self, engine, params, tok, rows, seeds, render, *, rng, max_turns,
-               max_new_tokens, max_len, sampling):
-    self.e, self.params, self.tok, self.rows, self.seeds = engine, params, tok, rows, seeds
+               max_new_tokens, max_len, sampling, brancher):
+    self.e, self.params, self.tok, self.rows = engine, params, tok, rows
+    self.seeds = list(seeds)
     self.render, self.max_turns, self.max_new = render, max_turns, max_new_tokens
     self.max_len, self.rng, self.sampling = max_len, rng, sampling
     model = nnx.merge(engine.graphdef, params)
@@ -217,14 +227,34 @@ class _Run:
     self.counts = collections.Counter(obs_overflow=0, prompt_overflow=0, sampled_tokens=0,
                                       env_timeouts=0)
     self.cut_turns = self.model_turns = self.prefill_tokens = 0
+    # Episode keys as key data (rollout/branching.py, "Sampling keys"), and the tree.
+    if not jnp.issubdtype(rng.dtype, jax.dtypes.prng_key):
+      self.rng = rng = jax.random.wrap_key_data(rng)    # a legacy uint32 key
+    self.impl = jax.random.key_impl(rng)
+    root_keys = jax.vmap(lambda e: jax.random.key_data(jax.random.fold_in(rng, e)))(
+        jax.device_put(np.arange(len(rows), dtype=np.uint32)))
+    self.keys = list(np.asarray(jax.device_get(root_keys)))
+    self.brancher = brancher
+    self.paths = [(e,) for e in range(len(rows))]
+    self.depth, self.forks_made = [0] * len(rows), [0] * len(rows)
+    self.source = {}        # branch -> (parent, at): where its prefix comes from
+    self.freed = [None] * self.B   # a free row's leftover KV: (episode, tokens it holds)
+    self.copies = []        # (src, dst, keep) row copies to make before the next program
+    self.branch_envs, self.branch_before = [], []
 
   def loop(self, workers: workers_lib.EnvWorkers) -> None:
     while self.waiting or workers.in_flight or any(s.episode is not None for s in self.slots):
+      holders = self._holders()
       for i, slot in enumerate(self.slots):         # new episodes take free slots
         if slot.episode is None and self.waiting:
-          self.slots[i] = _Slot(self.waiting.pop())
-          e = self.slots[i].episode
-          workers.submit(workers_lib.Call(i, "reset", self.rows[e].env.reset, self.seeds[e]))
+          e = self._next_episode(i)
+          self.slots[i] = _Slot(e)
+          if e in self.source:
+            self._place_branch(i, holders, workers)
+          else:
+            workers.submit(workers_lib.Call(i, "reset", self.rows[e].env.reset, self.seeds[e]))
+          self.freed[i] = None
+      self._copy_rows()
       self._collect(workers)
       busy = workers.busy()
       self._prefill_pending(busy)
@@ -232,8 +262,10 @@ class _Run:
                   if s.episode is not None and not s.pending and i not in busy]
       if decoding:
         for i, action in self._decode_chunk(decoding):
-          env = self.rows[self.slots[i].episode].env
-          workers.submit(workers_lib.Call(i, "step", env.step, action))
+          e = self.slots[i].episode
+          self._branch("sampled", e)
+          self.rows[e].actions.append(action)
+          workers.submit(workers_lib.Call(i, "step", self.rows[e].env.step, action))
 
   def _collect(self, workers: workers_lib.EnvWorkers) -> None:
     """Applies finished env calls. With no slot ready to decode, waits for one. Otherwise, as
@@ -251,8 +283,14 @@ class _Run:
 
   def _apply(self, slot, call: workers_lib.Call) -> None:
     """Applies an env call's result (None: it timed out) to the slot's row."""
-    row = self.rows[slot.episode]
-    if call.kind == "reset":
+    e, row = slot.episode, self.rows[slot.episode]
+    if call.kind == "fork":
+      if isinstance(call.result, safe.SafeEnv):
+        self._add_branch_env(row, call.result)
+        return
+      self.counts["fork_failures"] += 1
+      row.finish(truncated=True)
+    elif call.kind == "reset":
       if call.result is not None:
         obs = call.result
       else:
@@ -273,10 +311,135 @@ class _Run:
                              last_turn=turn == self.max_turns - 1, max_len=self.max_len,
                              counts=self.counts)
       slot.turn += 1
+      slot.mid_turn = False
     if row.finished:
+      self.freed[call.slot] = (e, slot.cached)
       slot.episode = None
+      self._branch("finished", e)
     else:
+      if call.kind == "step":
+        self._branch("stepped", e)
       slot.pending = True
+
+  def _branch(self, kind: str, e: int) -> None:
+    """Asks the brancher about episode e at a `kind` point and queues the branches."""
+    if self.brancher is None:
+      return
+    row = self.rows[e]
+    traj = row.trajectory()
+    n = len(traj.tokens)
+    turn = int(traj.turn[-1]) if kind == "sampled" else len(traj.turn_rewards)
+    point = branching.ForkPoint(
+        kind=kind, episode=e, root=self.paths[e][0], depth=self.depth[e], turn=turn,
+        turn_start=branching.turn_start(traj, n - 1) if kind == "sampled" else n,
+        trajectory=traj)
+    for fork in branching.check_forks(point, self.brancher(point)):
+      steps = branching.env_steps_before(traj, fork.at)
+      for _ in range(fork.n):
+        j, b = self.forks_made[e], len(self.rows)
+        self.forks_made[e] += 1
+        child = row.branch(fork.at, steps, self._env_now(row, steps))
+        child.parent = e
+        if child.env is not None:
+          self._add_branch_env(child, child.env)
+        self.rows.append(child)
+        self.seeds.append(self.seeds[e])
+        key = branching.branch_key_data(*jax.device_put((self.keys[e], np.uint32(fork.at),
+                                                         np.uint32(j))), impl=self.impl)
+        self.keys.append(np.asarray(jax.device_get(key)))
+        self.paths.append(self.paths[e] + ((fork.at, j),))
+        self.depth.append(self.depth[e] + 1)
+        self.forks_made.append(0)
+        mid = fork.at < n
+        self.source[b] = (e, fork.at, mid, branching.turn_start(traj, fork.at))
+        self.waiting.append(b)     # popped before the roots not started yet
+        self.counts["branches"] += 1
+
+  def _env_now(self, row, steps: int):
+    """The branch's env if it can be had now: a clone of the source env when that is in the
+    state after `steps` env steps; None when it is to be replayed (`_place_branch`)."""
+    return env_fork.fork_now(row.env, steps=steps, steps_done=len(row.turn_rewards))
+
+  def _add_branch_env(self, row, env) -> None:
+    row.env = env
+    self.branch_envs.append(env)
+    self.branch_before.append(dict(env.counters))
+
+  def _holders(self) -> list[tuple[int, int, int]]:
+    """(cache row, episode, tokens of its transcript the row holds) of every row that holds
+    one: the live rows, and the free rows not yet compacted away."""
+    held = []
+    for i, s in enumerate(self.slots):
+      if s.episode is not None and not s.reset:
+        held.append((i, s.episode, s.cached))
+      elif s.episode is None and self.freed[i] is not None:
+        held.append((i, *self.freed[i]))
+    return held
+
+  def _next_episode(self, i: int) -> int:
+    """The next waiting episode for free slot i: a branch whose prefix the row still holds
+    (it is continued in place), else the next in line."""
+    if self.freed[i] is not None:
+      for k in range(len(self.waiting) - 1, -1, -1):
+        e = self.waiting[k]
+        if e in self.source and self.source[e][0] == self.freed[i][0]:
+          return self.waiting.pop(k)
+    return self.waiting.pop()
+
+  def _best_holder(self, holders, tokens) -> tuple[int | None, int]:
+    """The cache row holding the longest prefix of `tokens`, and that prefix's length: any
+    row whose cached transcript starts with the same ids (the same ids at the same positions
+    have the same keys and values), e.g. the source, a sibling branch or an ancestor."""
+    best, best_len = None, 0
+    for i, e, cached in holders:
+      n = min(cached, len(tokens))
+      same = np.asarray(self.rows[e].tokens[:n]) == np.asarray(tokens[:n])
+      length = n if same.all() else int(np.argmin(same))
+      if length > best_len:
+        best, best_len = i, length
+    return best, best_len
+
+  def _place_branch(self, i: int, holders, workers: workers_lib.EnvWorkers) -> None:
+    """Starts branch episode slots[i].episode: its cache row from a row holding its prefix
+    (or its prefill from scratch), its turn state, and its env replay if it needs one."""
+    slot = self.slots[i]
+    e, row = slot.episode, self.rows[slot.episode]
+    _, at, mid, start = self.source.pop(e)
+    src, keep = self._best_holder(holders, row.tokens[:at - 1])
+    if src is not None:
+      self.copies.append((src, i, keep))
+      slot.reset = False
+    slot.cached, slot.pending, slot.turn = keep, keep < at - 1, int(row.turn[-1]) if mid else \
+        len(row.turn_rewards)
+    slot.mid_turn = mid
+    slot.turn_start, slot.budget = start, min(self.max_new, self.max_len - start)
+    if row.env is None:
+      source_env, seed, actions = self.rows[row.parent].env, self.seeds[e], list(row.actions)
+      workers.submit(workers_lib.Call(
+          i, "fork", lambda _: env_fork.replay_or_error(source_env, seed, actions), None))
+
+  def _copy_rows(self) -> None:
+    """Makes the queued branch row copies (one program for all)."""
+    if not self.copies:
+      return
+    D = sampler_lib.bucket(len(self.copies))
+    src, dst, keep = np.zeros((D,), np.int32), np.full((D,), self.B, np.int32), \
+        np.zeros((D,), np.int32)
+    for d, (a, b, k) in enumerate(self.copies):
+      src[d], dst[d], keep[d] = a, b, k
+    self.cache = self.e.fork(self.cache, *jax.device_put((src, dst, keep)))
+    self.counts["fork_kv_tokens"] += sum(k for _, _, k in self.copies)
+    self.copies = []
+
+  def trajectories(self) -> list[agent_loop.Trajectory]:
+    """The rows' trajectories in `branching.order`, parents as indices of that list."""
+    order = branching.order(self.paths)
+    index = {old: new for new, old in enumerate(order)}
+    trajs = [self.rows[old].trajectory() for old in order]
+    for t in trajs:
+      if t.parent >= 0:
+        t.parent = index[t.parent]
+    return trajs
 
   def _room(self, width: int) -> None:
     """Makes columns [col, col + width) writable: compacts, and grows the cache if it must."""
@@ -285,6 +448,7 @@ class _Run:
     live = np.asarray([s.episode is not None and not s.reset for s in self.slots])
     self.cache, used = self.e.compact(self.cache, jax.device_put(live))
     self.col = int(used)
+    self.freed = [None] * self.B      # compaction dropped the free rows
     # Grow when the compacted transcripts fill more than half of the cache, so compactions
     # (a copy of the whole cache) stay rare.
     if 2 * (self.col + width) > self.capacity:
@@ -334,8 +498,9 @@ class _Run:
     for i in todo:
       slot, row = self.slots[i], self.rows[self.slots[i].episode]
       slot.cached, slot.pending, slot.reset = len(row.tokens) - 1, False, False
-      slot.turn_start = len(row.tokens)
-      slot.budget = min(self.max_new, self.max_len - len(row.tokens))
+      if not slot.mid_turn:      # a branch resuming a turn keeps that turn's start
+        slot.turn_start = len(row.tokens)
+        slot.budget = min(self.max_new, self.max_len - len(row.tokens))
 
   def _decode_chunk(self, decoding):
     """Decodes the slots for up to `chunk` steps; returns (slot, action text) per slot whose
@@ -344,18 +509,18 @@ class _Run:
     self._room(K)
     feed, pos = np.zeros((B,), np.int32), np.zeros((B,), np.int32)
     active, budget = np.zeros((B,), bool), np.zeros((B,), np.int32)
-    episode, turn = np.zeros((B,), np.int32), np.zeros((B,), np.int32)
+    keys, turn = np.zeros((B, *self.keys[0].shape), self.keys[0].dtype), np.zeros((B,), np.int32)
     step0, greedy = np.zeros((B,), np.int32), np.zeros((B,), bool)
     for i in decoding:
       slot, row = self.slots[i], self.rows[self.slots[i].episode]
       done = len(row.tokens) - slot.turn_start
       feed[i], pos[i], active[i] = row.tokens[-1], len(row.tokens) - 1, True
       budget[i], step0[i], greedy[i] = slot.budget - done, done, row.greedy
-      episode[i], turn[i] = slot.episode, slot.turn
+      keys[i], turn[i] = self.keys[slot.episode], slot.turn
     sampling = dict(self.sampling)
     floats = (sampling.pop("temperature"), sampling.pop("top_p"), sampling.pop("adaptive_6"))
     start = time.monotonic()
-    inputs = jax.device_put((np.int32(self.col), feed, pos, active, budget, episode, turn, step0,
+    inputs = jax.device_put((np.int32(self.col), feed, pos, active, budget, keys, turn, step0,
                              greedy, self.stop_BK))
     self.cache, tokens, logp, lengths, stopped, steps = self.decode(
         self.params, self.layers, self.cache, *inputs, self.rng, *jax.device_put(floats),

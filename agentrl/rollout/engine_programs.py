@@ -40,15 +40,32 @@ def prefill(graphdef, params, layers, cache, rows_R, reset_R, tokens_RN, pos_RN,
                              put(cache.pos_BS, sub.pos_BS, 0))
 
 
-def decode(graphdef, params, layers, cache, col, feed_B, pos_B, active_B, budget_B, episode_B,
-            turn_B, step0_B, greedy_B, stop_BK, rng, temperature, top_p, adaptive_6, *,
-            num_steps, top_k, use_top_p, logp_mode):
-  """Up to num_steps decode steps of the active slots at columns col, col + 1, ..."""
+def fork(cache, src_D, dst_D, keep_D):
+  """Row dst_D[j] becomes a copy of row src_D[j] that keeps only its first keep_D[j] valid
+  columns (a prefix of its transcript); out-of-range dst: dropped. src may equal dst."""
+  b = transformer.kv_batch_axis(cache)
+  valid_DS = jnp.take(cache.valid_BS, src_D, axis=0)
+  valid_DS = valid_DS & (jnp.cumsum(valid_DS, axis=1) <= keep_D[:, None])
+  put = lambda x, axis: x.at[(slice(None),) * axis + (dst_D,)].set(
+      jnp.take(x, src_D, axis=axis), mode="drop")
+  kv = jax.tree.map(lambda x: put(x, b), (cache.k_LBGSK, cache.v_LBGSK))
+  return transformer.KVCache(*kv, cache.valid_BS.at[dst_D].set(valid_DS, mode="drop"),
+                             put(cache.pos_BS, 0))
+
+
+def decode(graphdef, params, layers, cache, col, feed_B, pos_B, active_B, budget_B, keys_BK,
+           turn_B, step0_B, greedy_B, stop_BK, rng, temperature, top_p, adaptive_6, *,
+           num_steps, top_k, use_top_p, logp_mode):
+  """Up to num_steps decode steps of the active slots at columns col, col + 1, ...
+
+  keys_BK: each slot's episode key as key data (`jax.random.key_data`) of `rng`'s kind.
+  """
   model = nnx.merge(graphdef, params)
   B = feed_B.shape[0]
   fold = jax.vmap(jax.random.fold_in)
-  turn_keys_B = jax.vmap(lambda e, u: jax.random.fold_in(jax.random.fold_in(rng, e), u))(
-      episode_B, turn_B)
+  impl = jax.random.key_impl(rng)
+  turn_keys_B = jax.vmap(lambda k, u: jax.random.fold_in(
+      jax.random.wrap_key_data(k, impl=impl), u))(keys_BK, turn_B)
   sample = functools.partial(sampler_lib.sample_tokens, greedy_B=greedy_B, temperature=temperature,
                              top_p=top_p, top_k=top_k, use_top_p=use_top_p, logp_mode=logp_mode,
                              adaptive_6=adaptive_6)

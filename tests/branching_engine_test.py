@@ -1,0 +1,116 @@
+"""Forks in the rollout engine are exact: a tiny model on the hidden-rule game.
+
+A greedy branch replays its parent token for token (the copied cache rows, the turn state and
+the forked env all equal the source's); sampled branches keep the parent's prefix, draw their
+own continuations, sample the trainer's log-probs, and are the same whatever the slot count
+(with few slots some prefixes are prefilled again instead of copied: the result is the same).
+A fork inside a single turn prefills nothing.
+"""
+from absl.testing import absltest
+from flax import nnx
+import jax
+import jax.numpy as jnp
+import ml_collections as mlc
+import numpy as np
+
+from agentrl.envs import registry
+from agentrl.harness import recipe
+from agentrl.models import policy
+from agentrl.models import transformer
+from agentrl.rollout import branching
+from agentrl.rollout import engine as engine_lib
+
+TOK = recipe.task_tokenizer(mlc.ConfigDict(dict(name="hidden_rule", family="mixed",
+                                                max_turns=3)))
+CFG = transformer.Config(vocab=TOK.vocab_size, width=32, depth=2, heads=4, kv_heads=2,
+                         head_dim=8, mlp=64, dtype=jnp.float32)
+GRAPHDEF, PARAMS = nnx.split(transformer.Transformer(CFG, rngs=nnx.Rngs(0)))
+MAKE, CHAT = lambda: registry.make("hidden_rule", family="mixed", max_turns=3), True
+KW = dict(max_turns=3, max_new_tokens=8, max_len=420)
+SEEDS = [0, 1, 2]
+
+
+def every_kind(point: branching.ForkPoint) -> list[branching.Fork]:
+  """Roots fork twice mid-way through turn 0, once after the env's reply to turn 1, and once
+  from the middle of the finished episode (its env replayed)."""
+  t = point.trajectory
+  if point.depth:
+    return []
+  if point.kind == "sampled" and point.turn == 0:
+    return [branching.Fork(at=point.turn_start + 2, n=2)]
+  if point.kind == "stepped" and point.turn == 2:
+    return [branching.Fork(at=len(t.tokens))]
+  if point.kind == "finished":
+    sampled = np.flatnonzero(t.loss_mask)
+    return [branching.Fork(at=int(sampled[len(sampled) // 2]))]
+  return []
+
+
+def _run(slots, brancher=every_kind, **kwargs):
+  engine = engine_lib.Engine(GRAPHDEF, pad_id=TOK.pad_id, slots=slots, chunk=3)
+  kw = dict(KW, **kwargs)
+  return engine.run(PARAMS, TOK, [MAKE() for _ in SEEDS], SEEDS, chat_template=CHAT,
+                    brancher=brancher, **kw)
+
+
+def _trainer_logp(traj):
+  T = len(traj.tokens)
+  return np.asarray(policy.token_logprobs(
+      nnx.merge(GRAPHDEF, PARAMS), jnp.asarray(traj.tokens)[None], jnp.arange(T)[None],
+      jnp.ones((1, T), bool), temperature=1.0))[0]
+
+
+class BranchingEngineTest(absltest.TestCase):
+
+  def test_a_greedy_branch_replays_its_parent(self):
+    trajs, metrics = _run(8, rng=jax.random.key(0), greedy=True)
+    self.assertLen(trajs, 3 + 3 * 4)
+    self.assertEqual(metrics["rollout/branches"], 12.0)
+    self.assertEqual([t.parent for t in trajs[:3]], [-1, -1, -1])
+    for t in trajs[3:]:
+      parent = trajs[t.parent]
+      self.assertIn(t.parent, range(3))
+      np.testing.assert_array_equal(t.tokens, parent.tokens)
+      np.testing.assert_array_equal(t.turn, parent.turn)
+      np.testing.assert_allclose(t.sampler_logp, parent.sampler_logp, atol=1e-5)
+      self.assertEqual((t.turn_rewards, t.done), (parent.turn_rewards, parent.done))
+
+  def test_sampled_branches_are_exact_whatever_the_slots(self):
+    runs = {slots: _run(slots, rng=jax.random.key(1), temperature=1.0) for slots in (2, 8)}
+    (trajs, many), (other, few) = runs[8], runs[2]
+    # With 2 slots the sources are gone more often: more prefill, fewer copied tokens.
+    self.assertLess(few["rollout/fork_kv_tokens"], many["rollout/fork_kv_tokens"])
+    differs = 0
+    for t, u in zip(trajs, other):
+      np.testing.assert_array_equal(t.tokens, u.tokens)
+      self.assertEqual((t.parent, t.fork_at), (u.parent, u.fork_at))
+      sampled = t.loss_mask > 0
+      np.testing.assert_allclose(t.sampler_logp[sampled], _trainer_logp(t)[sampled],
+                                 atol=1e-5)
+      if t.parent >= 0:
+        parent = trajs[t.parent]
+        np.testing.assert_array_equal(t.tokens[:t.fork_at], parent.tokens[:t.fork_at])
+        n = min(len(t.tokens), len(parent.tokens))
+        differs += not np.array_equal(t.tokens[t.fork_at:n], parent.tokens[t.fork_at:n])
+    self.assertGreater(differs, 6)   # each branch draws with its own key
+
+  def test_a_fork_inside_a_turn_prefills_nothing(self):
+    one_turn = dict(max_turns=1, rng=jax.random.key(2))
+    fork = lambda p: [branching.Fork(at=p.turn_start, n=3)] if p.kind == "sampled" and \
+        not p.depth else []
+    plain, _ = _run(16, brancher=None, **one_turn)
+    trajs, metrics = _run(16, brancher=fork, **one_turn)
+    self.assertLen(trajs, 3 * 4)
+    prompts = sum(t.prompt_len - 1 for t in plain)
+    self.assertEqual(metrics["rollout/prefill_tokens"], prompts)
+    self.assertEqual(metrics["rollout/fork_kv_tokens"], sum(t.fork_at - 1 for t in trajs[3:]))
+
+  def test_a_bad_fork_is_refused(self):
+    for bad, message in ((lambda p: [branching.Fork(at=0)], "must index a sampled token"),
+                         (lambda p: [(1, 2)], "return branching.Fork")):
+      with self.assertRaisesRegex(ValueError, message):
+        _run(4, brancher=bad, max_turns=1, rng=jax.random.key(3))
+
+
+if __name__ == "__main__":
+  absltest.main()
