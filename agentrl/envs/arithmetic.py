@@ -17,6 +17,7 @@ the same task as a one-step Env. The supervised side of the compact task (a char
 tokenizer, gold sequences for teacher forcing, the SFT seed ranges) is at the end: the warm
 start of the from-scratch runs (agentrl/harness/sft.py) and the reward-model experiment use it.
 """
+import copy
 import random
 
 import numpy as np
@@ -99,6 +100,11 @@ class ArithmeticEnv:
   def reset(self, seed: int) -> str:
     self._problem = make_problem(seed, **self._kwargs)
     return self._problem["prompt"]
+
+  def clone(self) -> "ArithmeticEnv":
+    """A copy in the same state (envs/base.py, "Forking"); it shares the episode's problem,
+    which reset replaces and nothing changes."""
+    return copy.copy(self)
 
   @base.episode_step
   def step(self, action: str) -> base.StepResult:

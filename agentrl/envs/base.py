@@ -62,6 +62,27 @@ episode cannot go on. Every built-in env and wrapper (BudgetEnv, ThinkerEnv, Iso
 both rules, and the seed check, from the `episode_reset` and `episode_step` decorators on its
 reset and step; an env of your own can use them too (SafeEnv enforces the episode rule on any
 env it wraps).
+
+Forking (branching rollouts: agentrl/envs/fork.py). A fork of an env is a new, independent env
+object in the same state: the same episode open (or none), the same turn count, the same
+internal randomness, so that the same next actions give the same observations, rewards, done
+and infos, and stepping either leaves the other alone. An env offers it in one of two ways:
+
+  - optional `clone() -> Env`: the fork itself, by copying the env's state (mutable parts
+    copied deeply). The in-process built-ins have it (arithmetic, verbose_arithmetic,
+    reasoning_gym, hidden_rule, thinker, calculator, tool_use, search).
+  - replay: a new env with no episode, `reset(seed)`, then `step(a)` for each action of the
+    episode so far. Every env is deterministic in (seed, actions) by the contract above, so
+    this reaches the same state; the new env comes from the optional `fresh() -> Env` (a new
+    instance of the same configuration, no episode open), else from `clone()`. TextWorld,
+    ALFWorld and any env run in a worker process (IsolatedEnv) replay.
+  - optional `replayable: bool` (absent: True). An env that is not deterministic in (seed,
+    actions), e.g. one backed by a live external service, sets it False; without clone() it
+    cannot be forked, and branching refuses it with a one-line error naming its class.
+
+A wrapper (SafeEnv, BudgetEnv, FewShotEnv) holds the env it wraps in `env` and offers
+`rewrap(env) -> wrapper`: a new wrapper in its own current state around `env`, a fork of the
+wrapped env. A fork of a wrapped env is the fork of the innermost env, rewrapped layer by layer.
 """
 import functools
 import numbers
@@ -116,6 +137,12 @@ def check_seed(seed: Any) -> int:
     raise ValueError(f"seed={seed!r:.50} is not a valid seed: use an int in [0, 2**32) (a "
                      "Python or numpy integer; not negative, a bool, a float, a str or None).")
   return int(seed)
+
+
+def close_episode(env) -> None:
+  """Leaves `env` with no episode open, as a step that returned done does (for `fresh()`
+  copies of an env that may hold an open episode)."""
+  setattr(env, _OPEN, False)
 
 
 def episode_reset(reset):

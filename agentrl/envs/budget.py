@@ -16,6 +16,7 @@ docs/algorithms.md §12.2]. The reward and advantage are `length_rewards.hbpo_re
 `efficiency.hbpo`, given each row's budget.
 """
 from collections.abc import Sequence
+import copy
 
 from agentrl.envs import base
 
@@ -63,3 +64,10 @@ class BudgetEnv:
   @base.episode_step
   def step(self, action: str) -> base.StepResult:
     return self.env.step(action)
+
+  def rewrap(self, env: base.Env) -> "BudgetEnv":
+    """This BudgetEnv (its budget, its episode) around `env`, a fork of its env (envs/base.py,
+    "Forking")."""
+    other = copy.copy(self)
+    other.env = env
+    return other

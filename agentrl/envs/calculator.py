@@ -19,6 +19,7 @@ operands and unary operands ("1-(2-(3-4))", "-(-3)", a power tower "2**3**2"); a
 left operands nest, "9*9*...*9" or "((1-2)-3)-4", is one level whatever its length.
 """
 import ast
+import copy
 import math
 import operator
 import random
@@ -178,6 +179,11 @@ class CalculatorEnv:
     self._problem = make_problem(seed, **self._kwargs)
     self._turn, self._calls, self._errors = 0, 0, 0
     return self._problem["prompt"]
+
+  def clone(self) -> "CalculatorEnv":
+    """A copy in the same state (envs/base.py, "Forking"): the turn and call counts are
+    numbers; the problem (replaced by reset, never changed) and the tools are shared."""
+    return copy.copy(self)
 
   def demonstration(self, seed: int, rng: random.Random, *, noise: float = 0.0) -> list[str]:
     """The expert's actions for `seed`: one call on the whole expression, then its answer.

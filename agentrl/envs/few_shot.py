@@ -17,6 +17,7 @@ out: the demonstrated episode ends with the expert's answer. The rollout renders
 `env.examples` between the system message and the task (agentrl/rollout/agent_loop.py
 `Renderer.prompt`); they are prompt tokens (loss mask 0).
 """
+import copy
 import functools
 import random
 from typing import Any, Callable
@@ -74,6 +75,13 @@ class FewShotEnv:
   @base.episode_step
   def step(self, action: str) -> base.StepResult:
     return self.env.step(action)
+
+  def rewrap(self, env: Any) -> "FewShotEnv":
+    """This FewShotEnv (its examples, its episode) around `env`, a fork of its env
+    (envs/base.py, "Forking")."""
+    other = copy.copy(self)
+    other.env = env
+    return other
 
   def __getattr__(self, name: str):
     # Everything else (demonstration, gold_action, close, ...) is the wrapped env's.

@@ -38,6 +38,7 @@ action is a random allowed one instead (in `guess`: a random number still consis
 feedback), so the data are not one fixed script.
 """
 from collections.abc import Callable
+import copy
 import dataclasses
 import math
 import random
@@ -71,6 +72,9 @@ class _Game:
   # () -> how far the feedback so far has narrowed the secret down, in [0, 1] (1: known);
   # None for families without a graded notion of progress.
   closeness: Callable[[], float] | None = None
+  # What the closures above read and write as the episode goes on (`guess`: the range the
+  # feedback leaves open); the rest is fixed by the seed. HiddenRuleEnv.clone copies it.
+  state: dict = dataclasses.field(default_factory=dict)
 
 
 def _explore_then_answer(script: list[str], answer: str,
@@ -151,7 +155,7 @@ def _guess(rng: random.Random, compact: bool) -> _Game:
            "I am thinking of an integer between 1 and 100. Find it.\n"
            "Command: 'guess X'; I will answer 'higher', 'lower' or 'correct'.")
   return _Game(intro, "guess", explore, str(secret), expert, ends_on_answer=False,
-               belief=belief, closeness=closeness)
+               belief=belief, closeness=closeness, state=known)
 
 
 def _cipher(rng: random.Random, compact: bool) -> _Game:
@@ -268,7 +272,7 @@ class HiddenRuleEnv:
       raise ValueError(f"closeness_reward must be in [0, 1) so that a solve (1.0) beats any "
                        f"failure, got {closeness_reward}.")
     self.style, self.closeness_reward = style, closeness_reward
-    self._game, self._turn = None, 0
+    self._game, self._seed, self._turn = None, None, 0
 
   def _draw(self, seed: int) -> _Game:
     rng = random.Random(seed)
@@ -277,10 +281,19 @@ class HiddenRuleEnv:
 
   @base.episode_reset
   def reset(self, seed: int) -> str:
-    self._game, self._turn = self._draw(seed), 0
+    self._game, self._seed, self._turn = self._draw(seed), seed, 0
     if self.style == "compact":
       return f"{self._game.intro} ({self.max_turns} turns)"
     return f"{self._game.intro}\nYou have {self.max_turns} turns."
+
+  def clone(self) -> "HiddenRuleEnv":
+    """A copy in the same state (envs/base.py, "Forking"): the episode's game drawn again from
+    its seed, with a copy of what the feedback so far has changed."""
+    other = copy.copy(self)
+    if self._game is not None:
+      other._game = self._draw(self._seed)
+      other._game.state.update(copy.deepcopy(self._game.state))
+    return other
 
   def demonstration(self, seed: int, rng: random.Random, *, noise: float = 0.0) -> list[str]:
     """The scripted expert's actions for the episode of `seed` (at most max_turns of them).

@@ -27,6 +27,10 @@ the agent loop, which builds fresh envs for every rollout, starts processes only
 relies on the Env contract: reset(seed) starts a new episode, whatever came before.
 `shutdown()` kills the idle workers. POSIX only; one call at a time per IsolatedEnv.
 
+Forking (envs/fork.py): an env in another process cannot be copied from here, so a fork of an
+IsolatedEnv is replayed on `fresh()`, a new IsolatedEnv with a worker of its own; the worker
+reports whether its env is `replayable` (envs/base.py, "Forking").
+
 make_env must be picklable (a class, a module-level function or a functools.partial of one);
 seeds, actions, results and exceptions cross the process boundary by pickle.
 """
@@ -95,7 +99,8 @@ class _Worker:
     self._output.start()
     self.busy = False
     try:
-      self.system_prompt, self.max_turns = self._request(blueprint, "start", start_timeout_s)
+      self.system_prompt, self.max_turns, self.replayable = self._request(
+          blueprint, "start", start_timeout_s)
     except BaseException:
       self.kill()
       raise
@@ -205,6 +210,7 @@ class IsolatedEnv:
     worker = self._worker()  # a bad make_env fails here, as it would in-process
     self.system_prompt: str = worker.system_prompt
     self.max_turns: int = worker.max_turns
+    self.replayable: bool = worker.replayable   # the env's own (envs/base.py, "Forking")
 
   def _worker(self) -> _Worker:
     if not self._finalizer.alive:
@@ -232,6 +238,15 @@ class IsolatedEnv:
   @base.episode_step
   def step(self, action: str) -> base.StepResult:
     return self._call("step", action, self.timeout_s)
+
+  def fresh(self) -> "IsolatedEnv":
+    """A new IsolatedEnv of the same make_env and limits, with no episode, in a worker of its
+    own (an idle one, else a new process): what envs/fork.py replays an episode on, since an
+    env in another process cannot be copied from here."""
+    return type(self)(self.make_env, timeout_s=self.timeout_s,
+                      reset_timeout_s=self.reset_timeout_s,
+                      start_timeout_s=self.start_timeout_s,
+                      max_output_bytes=self.max_output_bytes)
 
   def close(self) -> None:
     """Hands the worker back for reuse; the env cannot be used afterwards."""
@@ -276,7 +291,8 @@ def serve(fd: int, parent: int) -> None:
   conn = connection.Connection(fd)
   try:
     env = pickle.loads(conn.recv_bytes())()
-    _reply(conn, "ok", (str(env.system_prompt), int(env.max_turns)))
+    _reply(conn, "ok", (str(env.system_prompt), int(env.max_turns),
+                        bool(getattr(env, "replayable", True))))
   except Exception as e:  # pylint: disable=broad-except
     _reply(conn, "error", _portable(e))
     return

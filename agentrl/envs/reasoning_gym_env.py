@@ -22,6 +22,7 @@ Requires the `envs` extra (pip install -e '.[envs]'); it is imported only when a
 is constructed.
 """
 import collections
+import copy
 import functools
 import math
 import pickle
@@ -73,6 +74,13 @@ class ReasoningGymTask:
     self._blocks = collections.OrderedDict()
     self.block_dataset(0)  # fails now, not mid-rollout, on a bad config
     self._spec = (name, seed_offset, pickle.dumps(config))  # the task, rebuilt in a worker
+
+  def copy(self) -> "ReasoningGymTask":
+    """This task with a cache of its own holding the same generated blocks, so that two envs
+    on different threads never update one cache."""
+    other = copy.copy(self)
+    other._blocks = collections.OrderedDict(self._blocks)
+    return other
 
   def block_dataset(self, block: int):
     """The generated dataset of seeds [block * 1024, (block + 1) * 1024), cached."""
@@ -160,6 +168,12 @@ class ReasoningGymEnv:
   def reset(self, seed: int) -> str:
     self._entry = self.task.entry(seed)
     return self._entry["question"]
+
+  def clone(self) -> "ReasoningGymEnv":
+    """A copy in the same state (envs/base.py, "Forking"), with its own entry and task cache."""
+    other = copy.copy(self)
+    other.task, other._entry = self.task.copy(), copy.deepcopy(self._entry)
+    return other
 
   @base.episode_step
   def step(self, action: str) -> base.StepResult:

@@ -95,6 +95,9 @@ class Row:
     demo_kwargs: constructor arguments of the env the demonstrations come from.
     convert: keyword arguments -> the constructor's, for values that need parsing.
     check: raises ConfigError for arguments the constructor would only refuse deep inside.
+    fork: how envs/fork.py forks the env mid-episode for branching rollouts: "clone" (it
+      copies its state) or "replay" (reset and the episode's actions on a new env: the
+      engine-backed games, in a worker process).
   """
   build: Callable[..., base.Env]
   fields: Mapping[str, Field]
@@ -106,6 +109,7 @@ class Row:
   demo_kwargs: Mapping[str, Any] = dataclasses.field(default_factory=dict)
   convert: Callable[[dict], dict] | None = None
   check: Callable[[dict], None] | None = None
+  fork: str = "clone"
 
   @property
   def multi_turn(self) -> bool:
@@ -293,14 +297,15 @@ ENVS: dict[str, Row] = {
          "objective": Field(configs.Key(bool), True)},
         "generated TextWorld games, in a worker process (envs/textworld_env.py)",
         # SIOP's final answer: the last command's words ("take coin").
-        sft="demonstrations", parse_action=_tw_command, vocab=_tw_vocab, convert=_tw_convert),
+        sft="demonstrations", parse_action=_tw_command, vocab=_tw_vocab, convert=_tw_convert,
+        fork="replay"),
     "alfworld": Row(
         alfworld_env.AlfWorldEnv.isolated,
         {"task_type": Field(configs.Key(str, choices=("mixed",) + alfworld_env.TASK_TYPES),
                             "mixed"),
          "max_turns": _turns(50)},
         "generated ALFRED household tasks, in a worker process (envs/alfworld_env.py)",
-        vocab=Vocab(seeds=4, bad=("look",)), convert=_alf_convert),
+        vocab=Vocab(seeds=4, bad=("look",)), convert=_alf_convert, fork="replay"),
 }
 
 # The long-horizon credit study's task (experiments/agents/agent.py:textworld and

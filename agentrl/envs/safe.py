@@ -23,6 +23,7 @@ that the agent loop logs as metrics:
   steps_after_done           step() before reset() or after the episode ended
   turn_limit                 SafeEnv ended an episode at env.max_turns
 """
+import copy
 import math
 from typing import Any
 
@@ -178,6 +179,15 @@ class SafeEnv:
       info["turn_limit"] = True
     self._done = done
     return obs, reward, done, info
+
+  def rewrap(self, env: base.Env) -> "SafeEnv":
+    """This SafeEnv's episode state (turn, done, reset error) and a copy of its counters,
+    around `env`, a fork of its env (envs/base.py, "Forking"). Counters are totals since
+    construction: rollout metrics are each env's counters minus their value when it joined
+    (agent_loop.env_metrics), so a fork's copied totals are not counted twice."""
+    other = copy.copy(self)
+    other.env, other.counters = env, dict(self.counters)
+    return other
 
   def metrics(self) -> dict[str, float]:
     """Counters as floats, for the metrics dict of a step."""

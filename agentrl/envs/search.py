@@ -40,6 +40,7 @@ info["progress"] is the fraction of the turn's searches that ran (the reward on 
 turn, 0.0 for a turn with neither).
 """
 import collections
+import copy
 import re
 import string
 import threading
@@ -189,6 +190,12 @@ class SearchEnv:
     self.question = search_corpus.make_question(self.corpus, seed, self.question_kind)
     self._turn, self._searches = 0, 0
     return f"Question: {self.question.question}"
+
+  def clone(self) -> "SearchEnv":
+    """A copy in the same state (envs/base.py, "Forking"): the turn and search counts are
+    numbers; the question (replaced by reset, never changed) and the index, which every
+    SearchEnv of a corpus shares (`shared_index`), are shared."""
+    return copy.copy(self)
 
   def _info(self, reward: float, *, em: float = 0.0, f1: float = 0.0, **kwargs) -> base.Info:
     return base.make_info(reward=reward, em=em, f1=f1, answers=list(self.question.answers),

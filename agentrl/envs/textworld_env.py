@@ -50,6 +50,7 @@ walkthrough (policy_commands) with optional random detours, the SFT warm start's
 Requires the `envs` extra (textworld; pip install -e '.[envs]'), imported lazily.
 """
 import collections
+import copy
 import functools
 import hashlib
 import json
@@ -318,6 +319,16 @@ class TextWorldEnv:
     self._demo_games = collections.OrderedDict()  # the same for demonstrations
     self._game, self._state = None, None
     self._turn, self._score = 0, 0.0
+
+  def fresh(self) -> "TextWorldEnv":
+    """This env's configuration with no episode and no open game: what envs/fork.py replays
+    an episode on (a game engine's state is not copied here; a replay starts the game and
+    plays the episode's commands, which is deterministic)."""
+    other = copy.copy(self)
+    other._games, other._demo_games = collections.OrderedDict(), collections.OrderedDict()
+    other._game, other._state, other._turn, other._score = None, None, 0, 0.0
+    base.close_episode(other)
+    return other
 
   def game_file(self, seed: int) -> str:
     if self.game_files is not None:

@@ -24,6 +24,7 @@ ideal belief); a thought step's reward is 0 and its `success` False, so a trajec
 success are the game's.
 """
 import collections
+import copy
 import random
 from typing import Sequence
 
@@ -92,6 +93,13 @@ class ThinkerEnv:
     obs = self.game.reset(seed)
     self._think_at, self._played = self.think_turns(seed), 0
     return self._cue(obs)
+
+  def clone(self) -> "ThinkerEnv":
+    """A copy in the same state (envs/base.py, "Forking"): the game's clone, the schedule's
+    place in it."""
+    other = copy.copy(self)
+    other.game, other._think_at = self.game.clone(), set(self._think_at)
+    return other
 
   def _cue(self, obs: str) -> str:
     """Appends the think cue when the next game turn has a thought before it."""

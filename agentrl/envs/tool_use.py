@@ -301,6 +301,12 @@ class ToolUseEnv:
     self._turn, self._calls, self._errors = 0, 0, 0
     return self._task.prompt
 
+  def clone(self) -> "ToolUseEnv":
+    """A copy in the same state (envs/base.py, "Forking"): the turn and call counts are
+    numbers; the task (replaced by reset, never changed: the tools only read its facts) and
+    the tools are shared."""
+    return copy.copy(self)
+
   @property
   def gold_calls(self) -> list[dict]:
     """The calls that solve the current task, in order (a fresh copy)."""

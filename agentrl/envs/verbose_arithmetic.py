@@ -34,6 +34,7 @@ can read such an instruction; a scratch model has never seen "[", "]" there, so 
 prompts end with a random budget that the demonstration ignores. The warm-started policy can
 read the format without having learnt to obey it; RL and evaluation prompts have no budget.
 """
+import copy
 import random
 
 import jax
@@ -106,6 +107,11 @@ class VerboseArithmeticEnv:
       budget = rng.randint(1, 2 * response_tokens(self.digits))
       return self._problem["prompt"] + BUDGET_TEMPLATE.format(budget=budget)
     return self._problem["prompt"]
+
+  def clone(self) -> "VerboseArithmeticEnv":
+    """A copy in the same state (envs/base.py, "Forking"); it shares the episode's problem,
+    which reset replaces and nothing changes."""
+    return copy.copy(self)
 
   @base.episode_step
   def step(self, action: str) -> base.StepResult:
