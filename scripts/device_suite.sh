@@ -9,8 +9,10 @@
 # For SmolLM2-135M and Qwen2.5-0.5B with random weights, in bfloat16: the learner step
 # (scripts/bench_train_step.py: tokens/s and MFU, agentrl vs PyTorch/transformers), sampling
 # (scripts/bench_sampler.py: tokens/s and decode bandwidth, agentrl vs transformers
-# `generate`) and the per-token log-prob op (scripts/bench_logprob.py: the naive head, the XLA
-# path, the Pallas kernel, PyTorch). Each table lands in <out_dir>/<step>.txt, the steps'
+# `generate`; then agentrl's alone with `--decode_attention=pallas`, the Pallas decode-attention
+# kernel of kernels/attention, to compare with the first table's agentrl tokens/s) and the
+# per-token log-prob op (scripts/bench_logprob.py: the naive head, the XLA path, the Pallas
+# kernel, PyTorch). Each table lands in <out_dir>/<step>.txt, the steps'
 # stderr in <out_dir>/stderr.log.
 set -u
 out=${1:-${OUT:-/tmp/device_suite}}
@@ -56,6 +58,8 @@ for model in "${models[@]}"; do
       "${train_args[@]}" --hf_python="$hf_python"
   step "sample_$model" "$python" scripts/bench_sampler.py --model="$model" --dtype=bfloat16 \
       "${sample_args[@]}" --hf_python="$hf_python"
+  step "sample_pallas_$model" "$python" scripts/bench_sampler.py --model="$model" \
+      --dtype=bfloat16 --decode_attention=pallas "${sample_args[@]}"
 done
 step logprob "$python" scripts/bench_logprob.py --dtype=bfloat16 --modes=fwd,fwd+bwd \
     "${logprob_args[@]}"

@@ -10,6 +10,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from kernels.attention import ops as attention_ops
+
 ACTIVATIONS = {
     "silu": jax.nn.silu,
     "gelu_tanh": functools.partial(jax.nn.gelu, approximate=True),
@@ -94,6 +96,12 @@ def heads_first(x_BTGK):
 # "xla", and on a TPU so do sliding-window models and lengths not a multiple of TPU_BLOCK.
 ATTENTIONS = ("xla", "fused")
 TPU_BLOCK = 128   # the TPU kernel's sequence tile: T must be a multiple of it
+# Config.decode_attention, for steps against the KV cache (`Transformer.decode`): "xla" is
+# `_attend` over all S slots with the dense masks of `allowed`; "pallas" the flash-decoding
+# kernel of kernels/attention, masked by `cache_masks` and reading only the slots up to the
+# last new token (the Mosaic kernel on a TPU, the Triton one on a GPU, chosen when the program
+# is lowered; the Mosaic kernel in interpret mode elsewhere: slow, for tests).
+DECODE_ATTENTIONS = ("xla", "pallas")
 
 
 def _attend_cudnn(q_BTHK, k_BGSK, v_BGSK, allowed_BTS, scale):
@@ -161,10 +169,16 @@ def _attend_fused(cfg, q_BTHK, k_BGSK, v_BGSK, allowed_BTS, scale):
 
 
 def _attend(cfg, q_BTHK, k_BGSK, v_BGSK, allowed_BTS):
-  """Softmax attention; G is the KV-head count and R = H / G query heads share each KV head."""
+  """Softmax attention; G is the KV-head count and R = H / G query heads share each KV head.
+
+  allowed_BTS is a dense mask, or a `CacheMask` (`cache_masks`) for the Pallas decode kernel.
+  """
   b, t, h, k = q_BTHK.shape
   g = k_BGSK.shape[1]
   scale = (cfg.query_pre_attn_scalar or cfg.head_dim) ** -0.5
+  if isinstance(allowed_BTS, attention_ops.CacheMask):
+    return attention_ops.decode_attention(q_BTHK, k_BGSK, v_BGSK, allowed_BTS, scale=scale,
+                                          softcap=cfg.attn_logit_softcap, impl="pallas")
   if cfg.attention == "fused" and t == k_BGSK.shape[2]:
     return _attend_fused(cfg, q_BTHK, k_BGSK, v_BGSK, allowed_BTS, scale)
   q_BTGRK = q_BTHK.reshape(b, t, g, h // g, k)
@@ -210,3 +224,14 @@ def allowed(cfg, q_pos_BT, k_pos_BS, q_slot_T, k_valid_BS):
     return causal_BTS, causal_BTS
   near_BTS = (q_pos_BT[:, :, None] - k_pos_BS[:, None, :]) < cfg.sliding_window
   return causal_BTS, causal_BTS & near_BTS
+
+
+def cache_masks(cfg, q_pos_BT, k_pos_BS, q_slot_T, k_valid_BS):
+  """`allowed`'s (global, local) masks as `CacheMask`s: the factors, not [B, T, S] arrays.
+
+  The two share every array but the window, so picking one per layer copies nothing.
+  """
+  mask = attention_ops.cache_mask(q_pos_BT, q_slot_T, k_pos_BS, k_valid_BS)
+  if cfg.sliding_window is None:
+    return mask, mask
+  return mask, mask._replace(window=jnp.asarray(cfg.sliding_window, jnp.int32))

@@ -74,6 +74,7 @@ class Config:
   dtype: Any = jnp.bfloat16                 # matmul and activation precision
   remat: bool = False                       # recompute each layer in the backward pass
   attention: str = "xla"                    # cache-free forwards: xla | fused (ATTENTIONS)
+  decode_attention: str = "xla"             # decode steps: xla | pallas (DECODE_ATTENTIONS)
   unroll_layers: bool = False               # cache-free forward: a Python loop, not a scan
 
   def __post_init__(self):
@@ -87,6 +88,9 @@ class Config:
          f"rope_scaling={self.rope_scaling!r}; expected one of {ROPE_SCALINGS}"),
         (self.attention in dm.ATTENTIONS,
          f"attention={self.attention!r}; expected one of {dm.ATTENTIONS}"),
+        (self.decode_attention in dm.DECODE_ATTENTIONS,
+         f"decode_attention={self.decode_attention!r}; expected one of "
+         f"{dm.DECODE_ATTENTIONS}"),
         (self.attention != "fused" or not self.attn_logit_softcap,
          "attention='fused' has no logit soft-capping (Gemma 2); use attention='xla'"),
         (self.heads % self.kv_heads == 0,
@@ -285,7 +289,8 @@ class Transformer(nnx.Module):
     valid_BS = jax.lax.dynamic_update_slice(cache.valid_BS, input_mask_BT.astype(bool), (0, idx))
     pos_BS = jax.lax.dynamic_update_slice(cache.pos_BS, positions_BT, (0, idx))
     slot_T = idx + jnp.arange(tokens_BT.shape[1], dtype=jnp.int32)
-    masks = dm.allowed(cfg, positions_BT, pos_BS, slot_T, valid_BS)
+    mask_fn = dm.cache_masks if cfg.decode_attention == "pallas" else dm.allowed
+    masks = mask_fn(cfg, positions_BT, pos_BS, slot_T, valid_BS)
     kv = (cache.k_LBGSK, cache.v_LBGSK, idx)
     x_BTD, (k_LBGSK, v_LBGSK, _) = self._run_layers(self._embed(tokens_BT), positions_BT,
                                                      masks, kv, adapter, layers)
@@ -316,9 +321,9 @@ class Transformer(nnx.Module):
       x_BTD, kv = carry
       p, layer, local, a = xs
       adapt = dm.no_adapter if adapter is None else functools.partial(adapter_fn, a, layer)
-      pick = lambda a, b: jnp.where(local, a, b) if has_local else b
+      pick = lambda a, b: jnp.where(local, a, b) if has_local and a is not b else b
       sin_cos = jax.tree.map(pick, rope_local, rope_global)
-      allowed_BTS = pick(masks[1], masks[0])
+      allowed_BTS = jax.tree.map(pick, masks[1], masks[0])   # an array or a CacheMask
       if kv is None:
         no_cache = lambda k, v: (dm.heads_first(k), dm.heads_first(v))
         return (dm.layer(cfg, p, x_BTD, sin_cos, allowed_BTS, no_cache, adapt), None), None

@@ -15,6 +15,7 @@ from agentrl.models import decoder_math
 from agentrl.models import presets
 from agentrl.models import testing
 from agentrl.models import transformer
+from kernels.attention import ops as attention_ops
 
 jax.config.update("jax_numpy_rank_promotion", "raise")
 
@@ -88,10 +89,12 @@ class ConfigTest(parameterized.TestCase):
 
 class TransformerTest(parameterized.TestCase):
 
-  @parameterized.parameters(False, True)
-  def test_kv_cache_decode_matches_full_forward(self, per_layer):
+  @parameterized.product(per_layer=(False, True), decode_attention=("xla", "pallas"))
+  def test_kv_cache_decode_matches_full_forward(self, per_layer, decode_attention):
     # per_layer: the rollout engine's CPU path, per-layer weights and per-layer cache buffers.
-    cfg = transformer.Config.named("tiny", **KITCHEN_SINK)
+    # decode_attention="pallas": the Pallas decode kernel (here interpreted) against the full
+    # forward's XLA attention, with grouped-query heads, soft-caps and sliding windows.
+    cfg = transformer.Config.named("tiny", decode_attention=decode_attention, **KITCHEN_SINK)
     graphdef, params = testing.random_params(cfg)
     tokens_BT, positions_BT, mask_BT = _left_padded_batch(cfg.vocab)
 
@@ -264,6 +267,24 @@ class TransformerTest(parameterized.TestCase):
     self.assertIn("platform_index", fused_jaxpr)
     self.assertNotIn("platform_index", xla_jaxpr)
     np.testing.assert_allclose(fused, xla, rtol=1e-5, atol=1e-5)
+
+  def test_cache_masks_are_the_dense_masks(self):
+    # What the Pallas decode kernel is given (Config.decode_attention="pallas") stands for the
+    # masks the XLA path applies: a row with a hole, a left-padded row, a sliding window.
+    cfg = transformer.Config.named("tiny", sliding_window=3, sliding_window_pattern=2)
+    valid_BS = np.ones((2, 10), bool)
+    valid_BS[0, 3:5] = False
+    valid_BS[1, :4] = False
+    pos_BS = jnp.asarray(np.maximum(np.cumsum(valid_BS, axis=1) - 1, 0), jnp.int32)
+    slot_T = jnp.arange(6, 8, dtype=jnp.int32)
+    args = (cfg, pos_BS[:, 6:8], pos_BS, slot_T, jnp.asarray(valid_BS))
+    for dense_BTS, factored in zip(decoder_math.allowed(*args), decoder_math.cache_masks(*args)):
+      np.testing.assert_array_equal(attention_ops.dense_mask(factored, 10), dense_BTS)
+    self.assertEqual(attention_ops.kv_len(factored, 10), 8)   # slots 8, 9 are never read
+
+  def test_decode_attention_config_error(self):
+    with self.assertRaisesRegex(ValueError, "decode_attention='flash'; expected one of"):
+      transformer.Config.named("tiny", decode_attention="flash")
 
   def test_fused_attention_config_errors(self):
     with self.assertRaisesRegex(ValueError, "attention='flash'; expected one of"):
