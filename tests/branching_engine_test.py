@@ -2,10 +2,12 @@
 
 A greedy branch replays its parent token for token (the copied cache rows, the turn state and
 the forked env all equal the source's); sampled branches keep the parent's prefix, draw their
-own continuations, sample the trainer's log-probs, and are the same whatever the slot count
-(with few slots some prefixes are prefilled again instead of copied: the result is the same).
+own continuations, sample the trainer's log-probs, and are the same when every prefix is
+prefilled again instead of copied, on fewer slots.
 A fork inside a single turn prefills nothing.
 """
+from unittest import mock
+
 from absl.testing import absltest
 from flax import nnx
 import jax
@@ -75,11 +77,15 @@ class BranchingEngineTest(absltest.TestCase):
       np.testing.assert_allclose(t.sampler_logp, parent.sampler_logp, atol=1e-5)
       self.assertEqual((t.turn_rewards, t.done), (parent.turn_rewards, parent.done))
 
-  def test_sampled_branches_are_exact_whatever_the_slots(self):
-    runs = {slots: _run(slots, rng=jax.random.key(1), temperature=1.0) for slots in (2, 8)}
-    (trajs, many), (other, few) = runs[8], runs[2]
-    # With 2 slots the sources are gone more often: more prefill, fewer copied tokens.
-    self.assertLess(few["rollout/fork_kv_tokens"], many["rollout/fork_kv_tokens"])
+  def test_sampled_branches_are_exact_copied_or_prefilled(self):
+    trajs, copied = _run(8, rng=jax.random.key(1), temperature=1.0)
+    # No cache row to copy from: every branch prefills its prefix, on fewer slots.
+    with mock.patch.object(engine_lib._Run, "_best_holder", lambda *_: (None, 0)):  # pylint: disable=protected-access
+      other, prefilled = _run(2, rng=jax.random.key(1), temperature=1.0)
+    self.assertGreater(copied["rollout/fork_kv_tokens"], 1000)
+    self.assertEqual(prefilled["rollout/fork_kv_tokens"], 0)
+    self.assertEqual(prefilled["rollout/prefill_tokens"],
+                     copied["rollout/prefill_tokens"] + copied["rollout/fork_kv_tokens"])
     differs = 0
     for t, u in zip(trajs, other):
       np.testing.assert_array_equal(t.tokens, u.tokens)
@@ -106,10 +112,31 @@ class BranchingEngineTest(absltest.TestCase):
     self.assertEqual(metrics["rollout/fork_kv_tokens"], sum(t.fork_at - 1 for t in trajs[3:]))
 
   def test_a_bad_fork_is_refused(self):
+    endless = lambda p: [branching.Fork(at=p.turn_start)] if p.kind == "sampled" else []
     for bad, message in ((lambda p: [branching.Fork(at=0)], "must index a sampled token"),
-                         (lambda p: [(1, 2)], "return branching.Fork")):
+                         (lambda p: [(1, 2)], "return branching.Fork"),
+                         (endless, "more than max_branches=192")):
       with self.assertRaisesRegex(ValueError, message):
         _run(4, brancher=bad, max_turns=1, rng=jax.random.key(3))
+
+  def test_an_env_that_cannot_fork_is_refused(self):
+
+    class Plain:   # no clone(), no fresh()
+      system_prompt, max_turns = "", 3
+
+      def __init__(self):
+        self.game = MAKE()
+
+      def reset(self, seed):
+        return self.game.reset(seed)
+
+      def step(self, action):
+        return self.game.step(action)
+
+    engine = engine_lib.Engine(GRAPHDEF, pad_id=TOK.pad_id, slots=4, chunk=3)
+    with self.assertRaisesRegex(ValueError, r"SafeEnv\(Plain\) cannot be forked for branching"):
+      engine.run(PARAMS, TOK, [Plain()], [0], chat_template=CHAT, brancher=every_kind,
+                 rng=jax.random.key(4), **KW)
 
 
 if __name__ == "__main__":

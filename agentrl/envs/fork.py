@@ -16,7 +16,10 @@ rewards, done and infos, and stepping one never changes the other. The fork is m
 
 and the wrappers around it (SafeEnv, BudgetEnv, FewShotEnv: anything with `env` and
 `rewrap`) are copied around the fork with their own state, so a SafeEnv's turn count, done
-flag and counters carry over. `fork_env` picks clone when the env has it, else replay; an env
+flag and counters carry over; a replay then runs through them, so their episode state is that
+of the replayed prefix (a fork may go back to any earlier point: `actions` need not be all of
+the episode's) and their counters also count the replayed steps (read counters as deltas,
+as `agent_loop.env_metrics` does). `fork_env` picks clone when the env has it, else replay; an env
 with neither (no clone() and no fresh(), or replayable = False without clone()) is refused by
 `check` and `fork_env` with NotForkable, a ValueError naming its class and what to give it.
 
@@ -108,16 +111,17 @@ def check(env: Any, how: str | None = None) -> str:
                     "episode, replayed from the seed and actions); envs/base.py, \"Forking\".")
 
 
-def _replay(core: Any, seed: int | None, actions: Sequence[str]) -> Any:
-  """A new env like `core`, reset with `seed` and stepped with `actions`."""
-  env = core.fresh() if _callable(core, "fresh") else core.clone()
+def _replay(env: Any, name: str, seed: int | None, actions: Sequence[str]) -> Any:
+  """`env` (a new env, no episode) reset with `seed` and stepped with `actions`."""
   if seed is None:
     return env
-  where = f"replaying {type(core).__name__}'s episode of seed {seed}"
+  where = f"replaying {name}'s episode of seed {seed}"
   try:
     env.reset(seed)
   except Exception as e:  # pylint: disable=broad-except
     raise ReplayError(f"{where}: reset raised {type(e).__name__}: {e}") from e
+  if getattr(env, "reset_error", ""):   # a SafeEnv's reset reports instead of raising
+    raise ReplayError(f"{where}: reset failed: {env.reset_error}")
   for i, action in enumerate(actions):
     try:
       done = env.step(action)[2]
@@ -138,8 +142,9 @@ def fork_env(env: Any, *, seed: int | None, actions: Sequence[str] = (),
   Args:
     env: the env to fork, wrapped or not; not in use by another thread during the call.
     seed: the seed of env's last reset; None if it was never reset.
-    actions: every action env was stepped with since that reset, in order (its open or
-      finished episode); a clone does not read them.
+    actions: the actions env was stepped with since that reset, in order: all of them for
+      a clone (which does not read them), or the first k for a replay to the state after k
+      steps.
     how: None (clone if the env has it, else replay) or one of MODES.
   """
   if seed is None and actions:
@@ -147,7 +152,15 @@ def fork_env(env: Any, *, seed: int | None, actions: Sequence[str] = (),
                      f"{len(actions)}.")
   how = check(env, how)
   wrappers, core = layers(env)
-  branch = core.clone() if how == CLONE else _replay(core, seed, list(actions))
+  if how == CLONE:
+    branch = core.clone()
+  else:
+    branch = core.fresh() if _callable(core, "fresh") else core.clone()
   for wrapper in reversed(wrappers):
     branch = wrapper.rewrap(branch)
-  return branch
+  if how == CLONE:
+    return branch
+  # The replay runs through the wrappers, so their episode state (a SafeEnv's turn count and
+  # done flag, a budget) is the replayed prefix's, not the source's now: a fork may go back
+  # to any earlier point of the episode.
+  return _replay(branch, type(core).__name__, seed, list(actions))

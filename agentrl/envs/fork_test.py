@@ -193,17 +193,24 @@ class WrappersTest(absltest.TestCase):
     for action in prefix:
       env.step(action)
     forks = [fork.fork_env(env, seed=7, actions=prefix, how=how) for how in fork.MODES]
+    # A replay from an earlier point: the wrappers' turn count is that point's.
+    early = fork.fork_env(env, seed=7, actions=prefix[:1], how="replay")
     for branch in forks:
       self.assertEqual([type(layer).__name__ for layer in fork.layers(branch)[0]],
                        ["SafeEnv", "BudgetEnv", "FewShotEnv"])
       self.assertEqual(branch.examples, env.examples)
-      self.assertEqual(branch.counters, env.counters)
       self.assertIsNot(branch.counters, env.counters)
+    self.assertEqual(forks[0].counters, env.counters)    # a clone copies them
+    before = [dict(b.counters) for b in forks]
+    start = dict(env.counters)
     want = [env.step(a) for a in ("guess 37", "guess 40", "guess 1")]   # the last: after done
     self.assertEqual((want[1][2], env.counters["steps_after_done"]), (True, 2))
-    for branch in forks:
+    delta = lambda now, then: {k: now[k] - then[k] for k in now}
+    for branch, then in zip(forks, before):
       self.assertEqual([branch.step(a) for a in ("guess 37", "guess 40", "guess 1")], want)
-      self.assertEqual(branch.counters, env.counters)
+      self.assertEqual(delta(branch.counters, then), delta(env.counters, start))
+    rest = [env_step for env_step in prefix[1:]] + ["guess 37", "guess 40"]
+    self.assertEqual([early.step(a) for a in rest][-2:], want[:2])
 
   def test_clone_copies_the_game_state_deeply(self):
     env = hidden_rule.HiddenRuleEnv("guess", style="compact")

@@ -39,6 +39,7 @@ import functools
 import time
 from typing import Any, Sequence
 
+from absl import logging
 from flax import nnx
 import jax
 import jax.numpy as jnp
@@ -131,7 +132,8 @@ class Engine:
           greedy: bool | Sequence[bool] = False, chat_template: bool = True,
           system_prompt: str | None = None, temperature: float = 1.0, top_k: int = 0,
           top_p: float = 1.0, logp_mode: str = "tempered", adaptive_temperature=None,
-          brancher=None) -> tuple[list[agent_loop.Trajectory], dict[str, float]]:
+          brancher=None, max_branches: int | None = None
+          ) -> tuple[list[agent_loop.Trajectory], dict[str, float]]:
     """Runs env i from reset(seeds[i]) for up to max_turns model turns; returns (trajs, metrics).
 
     Args:
@@ -151,6 +153,8 @@ class Engine:
       brancher: None, or a function ForkPoint -> list of Fork (rollout/branching.py) that
         forks episodes mid-way; the result then holds the roots (in the order of `envs`)
         followed by the branches, each with its `parent` and `fork_at`.
+      max_branches: the most branches the run may make (default 64 per env): a brancher that
+        asks for more raises ValueError (e.g. one that forks its own branches without end).
     """
     if len(envs) != len(seeds):
       raise ValueError(f"got {len(envs)} envs but {len(seeds)} seeds; pass one seed per env.")
@@ -170,7 +174,8 @@ class Engine:
                     adaptive_6=sampler_lib.adaptive_params(adaptive_temperature))
     run = _Run(self, params, tok, rows, seeds, render, rng=rng, max_turns=max_turns,
                max_new_tokens=max_new_tokens, max_len=max_len, sampling=sampling,
-               brancher=brancher)
+               brancher=brancher, max_branches=64 * len(envs) if max_branches is None
+               else max_branches)
     workers = workers_lib.EnvWorkers(self.env_workers, self.env_timeout_s)
     try:
       run.loop(workers)
@@ -187,6 +192,16 @@ class Engine:
     return trajs, metrics
 
 
+def _replay(args):
+  """A worker call: (env, seed, actions) -> a fork of env after those actions, replayed, or the
+  error's text (a worker call never raises)."""
+  env, seed, actions = args
+  try:
+    return env_fork.fork_env(env, seed=seed, actions=actions, how=env_fork.REPLAY)
+  except Exception as e:  # pylint: disable=broad-except
+    return f"{type(e).__name__}: {e}"
+
+
 def _programs(graphdef):
   """The jitted (prefill, decode) programs of one model graph."""
   prefill = jax.jit(functools.partial(programs.prefill, graphdef), donate_argnums=(2,))
@@ -199,7 +214,7 @@ class _Run:
   """One `Engine.run`: the scheduler's host state and the device cache."""
 
   def __init__(self, engine, params, tok, rows, seeds, render, *, rng, max_turns,
-               max_new_tokens, max_len, sampling, brancher):
+               max_new_tokens, max_len, sampling, brancher, max_branches):
     self.e, self.params, self.tok, self.rows = engine, params, tok, rows
     self.seeds = list(seeds)
     self.render, self.max_turns, self.max_new = render, max_turns, max_new_tokens
@@ -234,19 +249,23 @@ class _Run:
     root_keys = jax.vmap(lambda e: jax.random.key_data(jax.random.fold_in(rng, e)))(
         jax.device_put(np.arange(len(rows), dtype=np.uint32)))
     self.keys = list(np.asarray(jax.device_get(root_keys)))
-    self.brancher = brancher
+    self.brancher, self.max_branches = brancher, max_branches
+    if brancher is not None:
+      self.counts.update(branches=0, fork_kv_tokens=0, fork_failures=0)
     self.paths = [(e,) for e in range(len(rows))]
     self.depth, self.forks_made = [0] * len(rows), [0] * len(rows)
-    self.source = {}        # branch -> (parent, at): where its prefix comes from
+    self.source = {}        # branch -> (parent, at, mid-turn, turn start, turn) of its fork
+    self.queued = collections.deque()   # branches not started, before the waiting roots
     self.freed = [None] * self.B   # a free row's leftover KV: (episode, tokens it holds)
     self.copies = []        # (src, dst, keep) row copies to make before the next program
     self.branch_envs, self.branch_before = [], []
 
   def loop(self, workers: workers_lib.EnvWorkers) -> None:
-    while self.waiting or workers.in_flight or any(s.episode is not None for s in self.slots):
+    while (self.waiting or self.queued or workers.in_flight
+           or any(s.episode is not None for s in self.slots)):
       holders = self._holders()
       for i, slot in enumerate(self.slots):         # new episodes take free slots
-        if slot.episode is None and self.waiting:
+        if slot.episode is None and (self.waiting or self.queued):
           e = self._next_episode(i)
           self.slots[i] = _Slot(e)
           if e in self.source:
@@ -289,6 +308,8 @@ class _Run:
         self._add_branch_env(row, call.result)
         return
       self.counts["fork_failures"] += 1
+      logging.warning("branch %d of episode %d ends unstarted: its env could not be replayed "
+                      "(%s)", e, row.parent, call.result or "timed out")
       row.finish(truncated=True)
     elif call.kind == "reset":
       if call.result is not None:
@@ -333,12 +354,17 @@ class _Run:
         kind=kind, episode=e, root=self.paths[e][0], depth=self.depth[e], turn=turn,
         turn_start=branching.turn_start(traj, n - 1) if kind == "sampled" else n,
         trajectory=traj)
-    for fork in branching.check_forks(point, self.brancher(point)):
+    forks = branching.check_forks(point, self.brancher(point))
+    if self.counts["branches"] + sum(f.n for f in forks) > self.max_branches:
+      raise ValueError(f"the brancher asked for more than max_branches={self.max_branches} "
+                       "branches in this run: bound its forks (e.g. by ForkPoint.depth) or pass "
+                       "a larger max_branches to Engine.run.")
+    for fork in forks:
       steps = branching.env_steps_before(traj, fork.at)
       for _ in range(fork.n):
         j, b = self.forks_made[e], len(self.rows)
         self.forks_made[e] += 1
-        child = row.branch(fork.at, steps, self._env_now(row, steps))
+        child = row.branch(fork.at, steps, self._env_now(e, steps))
         child.parent = e
         if child.env is not None:
           self._add_branch_env(child, child.env)
@@ -351,14 +377,20 @@ class _Run:
         self.depth.append(self.depth[e] + 1)
         self.forks_made.append(0)
         mid = fork.at < n
-        self.source[b] = (e, fork.at, mid, branching.turn_start(traj, fork.at))
-        self.waiting.append(b)     # popped before the roots not started yet
+        self.source[b] = (e, fork.at, mid, branching.turn_start(traj, fork.at),
+                          int(traj.turn[fork.at]) if mid else len(traj.turn_rewards))
+        self.queued.append(b)
         self.counts["branches"] += 1
 
-  def _env_now(self, row, steps: int):
-    """The branch's env if it can be had now: a clone of the source env when that is in the
-    state after `steps` env steps; None when it is to be replayed (`_place_branch`)."""
-    return env_fork.fork_now(row.env, steps=steps, steps_done=len(row.turn_rewards))
+  def _env_now(self, e: int, steps: int):
+    """A branch's env if it can be had now, a clone of episode e's env when that is in the
+    state after `steps` env steps, or None when it is to be replayed (`_place_branch`); an
+    env that can do neither is refused (env_fork.NotForkable, a ValueError)."""
+    row = self.rows[e]
+    if env_fork.check(row.env) == env_fork.CLONE and steps == len(row.turn_rewards):
+      return env_fork.fork_env(row.env, seed=self.seeds[e], actions=row.actions,
+                               how=env_fork.CLONE)
+    return None
 
   def _add_branch_env(self, row, env) -> None:
     row.env = env
@@ -377,14 +409,15 @@ class _Run:
     return held
 
   def _next_episode(self, i: int) -> int:
-    """The next waiting episode for free slot i: a branch whose prefix the row still holds
-    (it is continued in place), else the next in line."""
+    """The next episode for free slot i: a branch of the episode whose cache the row still
+    holds (continued in place), else the oldest branch (its source is the likeliest to be
+    gone soon), else the next root."""
     if self.freed[i] is not None:
-      for k in range(len(self.waiting) - 1, -1, -1):
-        e = self.waiting[k]
-        if e in self.source and self.source[e][0] == self.freed[i][0]:
-          return self.waiting.pop(k)
-    return self.waiting.pop()
+      for e in self.queued:
+        if self.source[e][0] == self.freed[i][0]:
+          self.queued.remove(e)
+          return e
+    return self.queued.popleft() if self.queued else self.waiting.pop()
 
   def _best_holder(self, holders, tokens) -> tuple[int | None, int]:
     """The cache row holding the longest prefix of `tokens`, and that prefix's length: any
@@ -404,19 +437,16 @@ class _Run:
     (or its prefill from scratch), its turn state, and its env replay if it needs one."""
     slot = self.slots[i]
     e, row = slot.episode, self.rows[slot.episode]
-    _, at, mid, start = self.source.pop(e)
+    _, at, mid, start, turn = self.source.pop(e)
     src, keep = self._best_holder(holders, row.tokens[:at - 1])
     if src is not None:
       self.copies.append((src, i, keep))
       slot.reset = False
-    slot.cached, slot.pending, slot.turn = keep, keep < at - 1, int(row.turn[-1]) if mid else \
-        len(row.turn_rewards)
-    slot.mid_turn = mid
+    slot.cached, slot.pending, slot.turn, slot.mid_turn = keep, keep < at - 1, turn, mid
     slot.turn_start, slot.budget = start, min(self.max_new, self.max_len - start)
     if row.env is None:
       source_env, seed, actions = self.rows[row.parent].env, self.seeds[e], list(row.actions)
-      workers.submit(workers_lib.Call(
-          i, "fork", lambda _: env_fork.replay_or_error(source_env, seed, actions), None))
+      workers.submit(workers_lib.Call(i, "fork", _replay, (source_env, seed, actions)))
 
   def _copy_rows(self) -> None:
     """Makes the queued branch row copies (one program for all)."""
