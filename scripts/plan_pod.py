@@ -272,7 +272,8 @@ def plan_rollout(config, cfg, mesh, programs, held) -> list[Plan]:
     key_data = jax.eval_shape(lambda: jax.random.key_data(jax.random.key(0)))
     args = (scalar(jnp.int32), *(vec(jnp.int32) for _ in range(2)), vec(jnp.bool_),
             vec(jnp.int32), vec(key_data.dtype, *key_data.shape),
-            *(vec(jnp.int32) for _ in range(2)), vec(jnp.bool_), vec(jnp.int32, 2),
+            *(vec(jnp.int32) for _ in range(2)), vec(jnp.bool_), vec(jnp.int32),
+            vec(jnp.int32, 2),
             jax.eval_shape(lambda: jax.random.key(0)), scalar(jnp.float32),
             scalar(jnp.float32), None)
     plans.append(compile_plan(

@@ -111,10 +111,38 @@ class BranchingEngineTest(absltest.TestCase):
     self.assertEqual(metrics["rollout/prefill_tokens"], prompts)
     self.assertEqual(metrics["rollout/fork_kv_tokens"], sum(t.fork_at - 1 for t in trajs[3:]))
 
+  def test_a_forced_alternative_and_the_recorded_alternatives(self):
+    # LATR's use: fork where the second most likely token was likely, forcing it.
+    def second_choice(point):
+      t = point.trajectory
+      if point.kind != "sampled" or point.depth or point.turn:
+        return []
+      return [branching.Fork(at=point.turn_start, token=int(t.alternatives[point.turn_start, 1]))]
+
+    trajs, _ = _run(8, brancher=second_choice, max_turns=1, rng=jax.random.key(5),
+                    alternatives=2)
+    self.assertLen(trajs, 6)
+    for t in trajs:
+      sampled = t.loss_mask > 0
+      self.assertEqual(t.alternatives.shape, (len(t.tokens), 2))
+      logp = _trainer_logp(t)
+      np.testing.assert_allclose(t.sampler_logp[sampled], logp[sampled], atol=1e-5)
+      # The recorded alternatives are the most likely tokens, log-probs in decreasing order.
+      self.assertTrue((t.alternative_logp[sampled, 0] >= t.alternative_logp[sampled, 1]).all())
+      self.assertTrue((t.alternative_logp[sampled, 0] >= t.sampler_logp[sampled] - 1e-6).all())
+      self.assertTrue((t.alternatives[~sampled] == 0).all())
+    for t in trajs[3:]:
+      parent = trajs[t.parent]
+      self.assertEqual(t.tokens[t.fork_at], parent.alternatives[t.fork_at, 1])
+      np.testing.assert_allclose(t.sampler_logp[t.fork_at],
+                                 parent.alternative_logp[t.fork_at, 1], atol=1e-5)
+
   def test_a_bad_fork_is_refused(self):
     endless = lambda p: [branching.Fork(at=p.turn_start)] if p.kind == "sampled" else []
     for bad, message in ((lambda p: [branching.Fork(at=0)], "must index a sampled token"),
                          (lambda p: [(1, 2)], "return branching.Fork"),
+                         (lambda p: [branching.Fork(at=p.turn_start, token=10**6)],
+                          "not a token id of this model"),
                          (endless, "more than max_branches=192")):
       with self.assertRaisesRegex(ValueError, message):
         _run(4, brancher=bad, max_turns=1, rng=jax.random.key(3))

@@ -90,6 +90,10 @@ class Trajectory:
   # the rewards and infos of the turns completed by then). A root has parent -1, fork_at 0.
   parent: int = -1
   fork_at: int = 0
+  # With Engine.run(alternatives=A): each token's A most likely tokens and their log-probs
+  # when it was sampled ([T, A]; zeros off policy tokens); None otherwise.
+  alternatives: np.ndarray | None = None
+  alternative_logp: np.ndarray | None = None
 
 
 @dataclasses.dataclass
@@ -110,23 +114,37 @@ class Row:
     self.prompt_len = 0
     self.actions = []          # the action text of each env step
     self.parent, self.fork_at = -1, 0
+    self.alt, self.alt_logp = [], []   # per token, when the engine records alternatives
 
   def branch(self, at: int, steps: int, env) -> "Row":
     """A new row that continues this one after its first `at` tokens and `steps` env steps."""
     row = Row(env, self.greedy)
-    for name in ("tokens", "loss_mask", "turn", "logp"):
+    for name in ("tokens", "loss_mask", "turn", "logp", "alt", "alt_logp"):
       setattr(row, name, getattr(self, name)[:at])
     for name in ("turn_rewards", "infos", "actions"):
       setattr(row, name, getattr(self, name)[:steps])
     row.prompt_len, row.fork_at = self.prompt_len, at
     return row
 
-  def append(self, ids, *, turn: int, logp=None):
+  def append(self, ids, *, turn: int, logp=None, alternatives=None):
+    """Appends ids: sampled ones with their log-probs, and optionally their alternatives
+    (ids [n, A], log-probs [n, A]), or context (logp None)."""
+    if alternatives is not None and not self.alt:   # the first alternatives: pad the past
+      width = alternatives[0].shape[-1]
+      self.alt = [np.zeros((width,), np.int32)] * len(self.tokens)
+      self.alt_logp = [np.zeros((width,), np.float32)] * len(self.tokens)
     self.tokens.extend(int(t) for t in ids)
     self.turn.extend([turn] * len(ids))
     sampled = logp is not None
     self.loss_mask.extend([1.0 if sampled else 0.0] * len(ids))
     self.logp.extend([float(x) for x in logp] if sampled else [0.0] * len(ids))
+    if self.alt:
+      if alternatives is None:
+        self.alt += [np.zeros_like(self.alt[0])] * len(ids)
+        self.alt_logp += [np.zeros_like(self.alt_logp[0])] * len(ids)
+      else:
+        self.alt += list(np.asarray(alternatives[0], np.int32))
+        self.alt_logp += list(np.asarray(alternatives[1], np.float32))
 
   def finish(self, *, done: bool = False, truncated: bool = False):
     self.finished, self.done, self.truncated = True, done, truncated
@@ -137,7 +155,9 @@ class Row:
         turn=np.asarray(self.turn, np.int32), sampler_logp=np.asarray(self.logp, np.float32),
         turn_rewards=list(self.turn_rewards), reward=float(sum(self.turn_rewards)),
         done=self.done, truncated=self.truncated, prompt_len=self.prompt_len, greedy=self.greedy,
-        infos=list(self.infos), parent=self.parent, fork_at=self.fork_at)
+        infos=list(self.infos), parent=self.parent, fork_at=self.fork_at,
+        alternatives=np.asarray(self.alt, np.int32) if self.alt else None,
+        alternative_logp=np.asarray(self.alt_logp, np.float32) if self.alt else None)
 
 
 def has_tool_role(tok) -> bool:

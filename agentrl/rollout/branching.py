@@ -45,9 +45,12 @@ KINDS = ("sampled", "stepped", "finished")
 
 @dataclasses.dataclass(frozen=True)
 class Fork:
-  """n new branches that keep the first `at` tokens of the transcript (module doc)."""
+  """n new branches that keep the first `at` tokens of the transcript (module doc); `token`:
+  their token `at` is this id instead of a draw (LATR's forced alternative), its log-prob
+  recorded as a sampled token's."""
   at: int
   n: int = 1
+  token: int | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,7 +71,8 @@ def check_forks(point: ForkPoint, forks) -> list[Fork]:
   out = []
   for fork in forks:
     if not isinstance(fork, Fork) or not isinstance(fork.at, (int, np.integer)) \
-        or not isinstance(fork.n, (int, np.integer)) or fork.n < 1:
+        or not isinstance(fork.n, (int, np.integer)) or fork.n < 1 \
+        or not (fork.token is None or isinstance(fork.token, (int, np.integer))):
       raise ValueError(f"the brancher returned {fork!r} at a {point.kind!r} point of episode "
                        f"{point.episode}; return branching.Fork(at=<int>, n=<int >= 1>) items.")
     at_turn_start = point.kind == "stepped" and fork.at == len(traj.tokens)
@@ -78,7 +82,7 @@ def check_forks(point: ForkPoint, forks) -> list[Fork]:
           f"Fork(at={fork.at}) at a {point.kind!r} point of episode {point.episode}: `at` must "
           f"index a sampled token (loss_mask 1) of its {len(traj.tokens)} tokens, or, at a "
           f"'stepped' point, equal the transcript's length.")
-    out.append(Fork(int(fork.at), int(fork.n)))
+    out.append(Fork(int(fork.at), int(fork.n), None if fork.token is None else int(fork.token)))
   return out
 
 

@@ -73,6 +73,7 @@ class _Slot:
     self.reset = episode is not None   # the cache row still holds a previous episode
     self.stopped = False     # the last turn ended on a stop id
     self.mid_turn = False    # a branch that resumes a turn: its prefill starts no new turn
+    self.force = -1          # a branch's forced first token (Fork.token), or -1
 
 
 class Engine:
@@ -132,7 +133,7 @@ class Engine:
           greedy: bool | Sequence[bool] = False, chat_template: bool = True,
           system_prompt: str | None = None, temperature: float = 1.0, top_k: int = 0,
           top_p: float = 1.0, logp_mode: str = "tempered", adaptive_temperature=None,
-          brancher=None, max_branches: int | None = None
+          brancher=None, max_branches: int | None = None, alternatives: int = 0
           ) -> tuple[list[agent_loop.Trajectory], dict[str, float]]:
     """Runs env i from reset(seeds[i]) for up to max_turns model turns; returns (trajs, metrics).
 
@@ -155,6 +156,9 @@ class Engine:
         followed by the branches, each with its `parent` and `fork_at`.
       max_branches: the most branches the run may make (default 64 per env): a brancher that
         asks for more raises ValueError (e.g. one that forks its own branches without end).
+      alternatives: A > 0 records, for every sampled token, the A most likely tokens and
+        their log-probs (`Trajectory.alternatives`, `alternative_logp`; what LATR's branch
+        trigger reads).
     """
     if len(envs) != len(seeds):
       raise ValueError(f"got {len(envs)} envs but {len(seeds)} seeds; pass one seed per env.")
@@ -175,7 +179,7 @@ class Engine:
     run = _Run(self, params, tok, rows, seeds, render, rng=rng, max_turns=max_turns,
                max_new_tokens=max_new_tokens, max_len=max_len, sampling=sampling,
                brancher=brancher, max_branches=64 * len(envs) if max_branches is None
-               else max_branches)
+               else max_branches, alternatives=alternatives)
     workers = workers_lib.EnvWorkers(self.env_workers, self.env_timeout_s)
     try:
       run.loop(workers)
@@ -206,7 +210,8 @@ def _programs(graphdef):
   """The jitted (prefill, decode) programs of one model graph."""
   prefill = jax.jit(functools.partial(programs.prefill, graphdef), donate_argnums=(2,))
   decode = jax.jit(functools.partial(programs.decode, graphdef), donate_argnums=(2,),
-                   static_argnames=("num_steps", "top_k", "use_top_p", "logp_mode"))
+                   static_argnames=("num_steps", "top_k", "use_top_p", "logp_mode",
+                                    "alternatives"))
   return prefill, decode
 
 
@@ -214,7 +219,7 @@ class _Run:
   """One `Engine.run`: the scheduler's host state and the device cache."""
 
   def __init__(self, engine, params, tok, rows, seeds, render, *, rng, max_turns,
-               max_new_tokens, max_len, sampling, brancher, max_branches):
+               max_new_tokens, max_len, sampling, brancher, max_branches, alternatives):
     self.e, self.params, self.tok, self.rows = engine, params, tok, rows
     self.seeds = list(seeds)
     self.render, self.max_turns, self.max_new = render, max_turns, max_new_tokens
@@ -250,11 +255,12 @@ class _Run:
         jax.device_put(np.arange(len(rows), dtype=np.uint32)))
     self.keys = list(np.asarray(jax.device_get(root_keys)))
     self.brancher, self.max_branches = brancher, max_branches
+    self.alternatives, self.vocab = int(alternatives), cfg.vocab
     if brancher is not None:
       self.counts.update(branches=0, fork_kv_tokens=0, fork_failures=0)
     self.paths = [(e,) for e in range(len(rows))]
     self.depth, self.forks_made = [0] * len(rows), [0] * len(rows)
-    self.source = {}        # branch -> (parent, at, mid-turn, turn start, turn) of its fork
+    self.source = {}   # branch -> (parent, at, mid-turn, turn start, turn, forced token)
     self.queued = collections.deque()   # branches not started, before the waiting roots
     self.freed = [None] * self.B   # a free row's leftover KV: (episode, tokens it holds)
     self.copies = []        # (src, dst, keep) row copies to make before the next program
@@ -360,6 +366,9 @@ class _Run:
                        "branches in this run: bound its forks (e.g. by ForkPoint.depth) or pass "
                        "a larger max_branches to Engine.run.")
     for fork in forks:
+      if fork.token is not None and not 0 <= fork.token < self.vocab:
+        raise ValueError(f"Fork(token={fork.token}) of episode {e}: not a token id of this "
+                         f"model (vocabulary {self.vocab}).")
       steps = branching.env_steps_before(traj, fork.at)
       for _ in range(fork.n):
         j, b = self.forks_made[e], len(self.rows)
@@ -378,7 +387,8 @@ class _Run:
         self.forks_made.append(0)
         mid = fork.at < n
         self.source[b] = (e, fork.at, mid, branching.turn_start(traj, fork.at),
-                          int(traj.turn[fork.at]) if mid else len(traj.turn_rewards))
+                          int(traj.turn[fork.at]) if mid else len(traj.turn_rewards),
+                          -1 if fork.token is None else fork.token)
         self.queued.append(b)
         self.counts["branches"] += 1
 
@@ -437,7 +447,7 @@ class _Run:
     (or its prefill from scratch), its turn state, and its env replay if it needs one."""
     slot = self.slots[i]
     e, row = slot.episode, self.rows[slot.episode]
-    _, at, mid, start, turn = self.source.pop(e)
+    _, at, mid, start, turn, slot.force = self.source.pop(e)
     src, keep = self._best_holder(holders, row.tokens[:at - 1])
     if src is not None:
       self.copies.append((src, i, keep))
@@ -539,31 +549,33 @@ class _Run:
     self._room(K)
     feed, pos = np.zeros((B,), np.int32), np.zeros((B,), np.int32)
     active, budget = np.zeros((B,), bool), np.zeros((B,), np.int32)
-    keys, turn = np.zeros((B, *self.keys[0].shape), self.keys[0].dtype), np.zeros((B,), np.int32)
-    step0, greedy = np.zeros((B,), np.int32), np.zeros((B,), bool)
+    keys = np.zeros((B, *self.keys[0].shape), self.keys[0].dtype)
+    turn, step0 = np.zeros((B,), np.int32), np.zeros((B,), np.int32)
+    greedy, force = np.zeros((B,), bool), np.full((B,), -1, np.int32)
     for i in decoding:
       slot, row = self.slots[i], self.rows[self.slots[i].episode]
       done = len(row.tokens) - slot.turn_start
       feed[i], pos[i], active[i] = row.tokens[-1], len(row.tokens) - 1, True
       budget[i], step0[i], greedy[i] = slot.budget - done, done, row.greedy
       keys[i], turn[i] = self.keys[slot.episode], slot.turn
+      force[i], slot.force = slot.force, -1    # a forced first token: this chunk's first step
     sampling = dict(self.sampling)
     floats = (sampling.pop("temperature"), sampling.pop("top_p"), sampling.pop("adaptive_6"))
     start = time.monotonic()
     inputs = jax.device_put((np.int32(self.col), feed, pos, active, budget, keys, turn, step0,
-                             greedy, self.stop_BK))
-    self.cache, tokens, logp, lengths, stopped, steps = self.decode(
+                             greedy, force, self.stop_BK))
+    self.cache, *out = self.decode(
         self.params, self.layers, self.cache, *inputs, self.rng, *jax.device_put(floats),
-        num_steps=K, **sampling)
-    tokens, logp, lengths, stopped, steps = jax.device_get(
-        (tokens, logp, lengths, stopped, steps))
+        num_steps=K, alternatives=self.alternatives, **sampling)
+    tokens, logp, lengths, stopped, steps, alt, alt_logp = jax.device_get(out)
     self.col += int(steps)
     self.e.chunk_s = time.monotonic() - start
     ended = []
     for i in decoding:
       slot, row = self.slots[i], self.rows[self.slots[i].episode]
       n = int(lengths[i])
-      row.append(tokens[i, :n], turn=slot.turn, logp=logp[i, :n])
+      row.append(tokens[i, :n], turn=slot.turn, logp=logp[i, :n],
+                 alternatives=(alt[i, :n], alt_logp[i, :n]) if self.alternatives else None)
       slot.cached += n
       self.counts["sampled_tokens"] += n
       if stopped[i] or len(row.tokens) - slot.turn_start >= slot.budget:

@@ -54,11 +54,13 @@ def fork(cache, src_D, dst_D, keep_D):
 
 
 def decode(graphdef, params, layers, cache, col, feed_B, pos_B, active_B, budget_B, keys_BK,
-           turn_B, step0_B, greedy_B, stop_BK, rng, temperature, top_p, adaptive_6, *,
-           num_steps, top_k, use_top_p, logp_mode):
+           turn_B, step0_B, greedy_B, force_B, stop_BK, rng, temperature, top_p, adaptive_6, *,
+           num_steps, top_k, use_top_p, logp_mode, alternatives=0):
   """Up to num_steps decode steps of the active slots at columns col, col + 1, ...
 
   keys_BK: each slot's episode key as key data (`jax.random.key_data`) of `rng`'s kind.
+  force_B: a token each slot takes at its first step instead of a draw (-1: none).
+  alternatives: A > 0 also returns each step's A most likely tokens and log-probs.
   """
   model = nnx.merge(graphdef, params)
   B = feed_B.shape[0]
@@ -68,34 +70,41 @@ def decode(graphdef, params, layers, cache, col, feed_B, pos_B, active_B, budget
       jax.random.wrap_key_data(k, impl=impl), u))(keys_BK, turn_B)
   sample = functools.partial(sampler_lib.sample_tokens, greedy_B=greedy_B, temperature=temperature,
                              top_p=top_p, top_k=top_k, use_top_p=use_top_p, logp_mode=logp_mode,
-                             adaptive_6=adaptive_6)
+                             adaptive_6=adaptive_6, alternatives=alternatives)
+  A = max(alternatives, 1)   # the alternatives' buffers, unused (width 1) when A = 0
 
   def cond(carry):
-    s, _, _, _, _, _, _, done_B = carry
-    return (s < num_steps) & ~jnp.all(done_B)
+    return (carry[0] < num_steps) & ~jnp.all(carry[-1])
 
   def body(carry):
-    s, cache, feed_B, tokens_BK, logp_BK, lengths_B, stopped_B, done_B = carry
+    s, cache, feed_B, tokens_BK, logp_BK, alt_BKA, alt_logp_BKA, lengths_B, stopped_B, \
+        done_B = carry
     live_B = ~done_B
     logits_B1V, cache = model.decode(feed_B[:, None], (pos_B + lengths_B)[:, None],
                                      live_B[:, None], cache, col + s, layers=layers)
-    new_B, new_logp_B = sample(logits_B1V[:, 0], fold(turn_keys_B, step0_B + lengths_B))
+    out = sample(logits_B1V[:, 0], fold(turn_keys_B, step0_B + lengths_B),
+                 force_B=jnp.where(lengths_B == 0, force_B, -1))
+    new_B, new_logp_B = out[:2]
     rows = jnp.arange(B)
-    tokens_BK = tokens_BK.at[rows, lengths_B].set(
-        jnp.where(live_B, new_B, tokens_BK[rows, lengths_B]), mode="drop")
-    logp_BK = logp_BK.at[rows, lengths_B].set(jnp.where(live_B, new_logp_B, 0.0), mode="drop")
+    put = lambda buf, x, empty: buf.at[rows, lengths_B].set(
+        jnp.where(live_B.reshape((B,) + (1,) * (x.ndim - 1)), x, empty), mode="drop")
+    tokens_BK = put(tokens_BK, new_B, tokens_BK[rows, lengths_B])
+    logp_BK = put(logp_BK, new_logp_B, 0.0)
+    if alternatives:
+      alt_BKA, alt_logp_BKA = put(alt_BKA, out[2], 0), put(alt_logp_BKA, out[3], 0.0)
     stopped_B = stopped_B | (live_B & jnp.any(new_B[:, None] == stop_BK, axis=-1))
     lengths_B = lengths_B + live_B.astype(jnp.int32)
     done_B = done_B | stopped_B | (lengths_B >= budget_B)
-    return s + 1, cache, jnp.where(live_B, new_B, feed_B), tokens_BK, logp_BK, lengths_B, \
-        stopped_B, done_B
+    return s + 1, cache, jnp.where(live_B, new_B, feed_B), tokens_BK, logp_BK, alt_BKA, \
+        alt_logp_BKA, lengths_B, stopped_B, done_B
 
   carry = (jnp.int32(0), cache, feed_B, jnp.zeros((B, num_steps), jnp.int32),
-           jnp.zeros((B, num_steps), jnp.float32), jnp.zeros((B,), jnp.int32),
+           jnp.zeros((B, num_steps), jnp.float32), jnp.zeros((B, num_steps, A), jnp.int32),
+           jnp.zeros((B, num_steps, A), jnp.float32), jnp.zeros((B,), jnp.int32),
            jnp.zeros((B,), bool), ~active_B | (budget_B <= 0))
-  steps, cache, _, tokens_BK, logp_BK, lengths_B, stopped_B, _ = jax.lax.while_loop(
-      cond, body, carry)
-  return cache, tokens_BK, logp_BK, lengths_B, stopped_B, steps
+  steps, cache, _, tokens_BK, logp_BK, alt_BKA, alt_logp_BKA, lengths_B, stopped_B, _ = \
+      jax.lax.while_loop(cond, body, carry)
+  return cache, tokens_BK, logp_BK, lengths_B, stopped_B, steps, alt_BKA, alt_logp_BKA
 
 
 def compact(cache, live_B):

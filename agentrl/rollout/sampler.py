@@ -158,11 +158,14 @@ def adaptive_params(values):
 
 
 def sample_tokens(logits_BV, keys_B, greedy_B, temperature, top_p, *, top_k, use_top_p,
-                  logp_mode, adaptive_6=None):
-  """One sampling step: (token_B int32, logp_B float32).
+                  logp_mode, adaptive_6=None, force_B=None, alternatives: int = 0):
+  """One sampling step: (token_B int32, logp_B float32), and with `alternatives` = A > 0 also
+  the A most likely tokens and their log-probs ([B, A] each), in the log-prob's terms.
 
   adaptive_6: None, or `entropy_temperature`'s parameters: each row then samples (and reports
   its log-prob) at its own entropy-adapted temperature.
+  force_B: None, or int32 [B]: where >= 0, that token instead of a draw (its log-prob is
+  reported as a sampled one's would be).
   """
   if adaptive_6 is not None:
     temperature = entropy_temperature(logits_BV, temperature, adaptive_6)
@@ -170,9 +173,15 @@ def sample_tokens(logits_BV, keys_B, greedy_B, temperature, top_p, *, top_k, use
   filtered_BV = _filter_logits(z_BV, top_p, top_k=top_k, use_top_p=use_top_p)
   sampled_B = categorical(keys_B, filtered_BV)
   tok_B = jnp.where(greedy_B, jnp.argmax(z_BV, axis=-1), sampled_B).astype(jnp.int32)
+  if force_B is not None:
+    tok_B = jnp.where(force_B >= 0, force_B, tok_B)
   src_BV = z_BV if logp_mode == "tempered" else filtered_BV
   logp_BV = jax.nn.log_softmax(src_BV, axis=-1)
-  return tok_B, jnp.take_along_axis(logp_BV, tok_B[:, None], axis=-1)[:, 0]
+  logp_B = jnp.take_along_axis(logp_BV, tok_B[:, None], axis=-1)[:, 0]
+  if not alternatives:
+    return tok_B, logp_B
+  top_logp_BA, top_BA = jax.lax.top_k(logp_BV, alternatives)
+  return tok_B, logp_B, top_BA.astype(jnp.int32), top_logp_BA
 
 
 def _generate(graphdef, params, prompt_BP, prompt_len_B, max_new_B, stop_BK, greedy_B,
