@@ -31,6 +31,12 @@ TEST = ["pytest", "pytest-xdist"] + HF + ENVS
 # with it installed every JAX process first tries (and fails) to start a TPU runtime.
 TPU_PLAN = ["jax[tpu]==0.10.2; python_version < '3.12'",
             "jax[tpu]>=0.12,<0.13; python_version >= '3.12'"]
+# The CUDA PJRT plugin for scripts/plan_pod.py's GPU targets (8xh100, ...), without its
+# `with-cuda` extra: compiling for a GPU needs none of NVIDIA's libraries (GBs), running on one
+# does (jax[cuda12]). Not in TEST: installed without them, it logs a failed start in every JAX
+# process that does not set JAX_PLATFORMS=cpu.
+GPU_PLAN = ["jax-cuda12-plugin==0.10.2; python_version < '3.12'",
+            "jax-cuda12-plugin>=0.12,<0.13; python_version >= '3.12'"]
 
 setuptools.setup(
     name="agentrl",
@@ -40,6 +46,6 @@ setuptools.setup(
                                                "experiments", "experiments.*"]),
     python_requires=">=3.11",
     install_requires=INSTALL_REQUIRES,
-    extras_require={"hf": HF, "envs": ENVS, "test": TEST, "tpu-plan": TPU_PLAN, "wandb": ["wandb"],
-                    "tensorboard": ["tensorboard"]},
+    extras_require={"hf": HF, "envs": ENVS, "test": TEST, "tpu-plan": TPU_PLAN,
+                    "gpu-plan": GPU_PLAN, "wandb": ["wandb"], "tensorboard": ["tensorboard"]},
 )

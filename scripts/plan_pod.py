@@ -1,12 +1,14 @@
 # pylint: disable=invalid-name
-r"""Plans a pod run without the pod: compiles agentrl's real steps for a TPU topology.
+r"""Plans a pod run without the pod: compiles agentrl's real steps for a TPU topology or GPUs.
 
   pip install -e '.[tpu-plan]'          # libtpu: compiles for TPUs, needs none attached
+  pip install -e '.[gpu-plan]'          # the CUDA PJRT plugin, without NVIDIA's libraries
   python scripts/plan_pod.py --topology=v5e:2x2 \
       --config=experiments/policy/grpo.py:pod --config.model.variant=smollm2-135m
   python scripts/plan_pod.py --topology=v5p:4x4x4 --config.model.variant=qwen2.5-7b \
       --config.model.remat=True --bisect
   python scripts/plan_pod.py --topology=v5e:2x2 --num_slices=2 --config.mesh.data=2 ...
+  python scripts/plan_pod.py --topology=8xh100 --config.model.variant=qwen2.5-7b ...
 
 JAX compiles a sharded program for a TPU topology with no TPU attached, from the `libtpu`
 wheel (`jax.experimental.topologies`, as MaxText's train_compile.py does). The experiment
@@ -38,15 +40,33 @@ total) or `fits: no, ...`. A program whose buffers exceed the chip's memory fail
 on TPU ("Ran out of memory"); that is a plan that does not fit, reported with XLA's numbers.
 --bisect then finds the largest prompts_per_step (in steps of the row-sharded device count)
 whose programs all fit. --json=<file> also writes every figure in bytes.
+
+GPU targets (`<GPUs per host>x<card>`: 8xh100, 1xh200, 8xa100-80, 8xa100-40; --num_slices
+hosts) compile the same way through the CUDA PJRT plugin, for the card's GpuTargetConfigProto
+(gpu_targets/, from XLA's device specs). An over-budget GPU compile does not fail: the verdict
+compares the totals with the share of the card JAX's allocator takes (its
+XLA_PYTHON_CLIENT_MEM_FRACTION, default 0.75), and the code column is 0 (XLA does not count
+the kernels' binaries). A GPU plan traces as a GPU run does (`gpu_tracing`): cuDNN's flash
+attention for `model.attention=fused`, the Pallas GPU log-prob kernel for `auto`; the kernels
+column lists the custom calls in the HLO. A TPU plan keeps the host's pick, the XLA log-prob.
 """
+import os
+
+if __name__ == "__main__":
+  # The plan compiles for a target, never on the host's accelerator; with the platforms set to
+  # the CPU the CUDA plugin registers (for its topologies) without loading NVIDIA's libraries.
+  os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+# pylint: disable=g-import-not-at-top,wrong-import-position
+import contextlib
 import dataclasses
 import functools
 import importlib
 import json
 import math
-import os
 import re
 import time
+from unittest import mock
 
 from absl import app
 from absl import flags
@@ -66,21 +86,31 @@ from agentrl.models import transformer
 from agentrl.rollout import engine as engine_lib
 from agentrl.rollout import sampler as sampler_lib
 from agentrl.train import loop
+# pylint: enable=g-import-not-at-top,wrong-import-position
 
 _CONFIG = config_flags.DEFINE_config_file("config", "experiments/policy/grpo.py:pod",
                                           "The experiment config: the recipe to plan.")
-_TOPOLOGY = flags.DEFINE_string("topology", "v5e:2x2",
-                                "TPU generation:chips, e.g. v4:2x2x1, v5e:4x4, v5p:4x4x4, v6e:2x2.")
-_NUM_SLICES = flags.DEFINE_integer("num_slices", 1, "Slices joined over the data-center network.")
+_TOPOLOGY = flags.DEFINE_string(
+    "topology", "v5e:2x2", "TPU generation:chips, e.g. v4:2x2x1, v5e:4x4, v5p:4x4x4, v6e:2x2; "
+    "or GPUs per host x card, e.g. 8xh100, 1xh200, 8xa100-80, 8xa100-40.")
+_NUM_SLICES = flags.DEFINE_integer("num_slices", 1, "Slices joined over the data-center network "
+                                   "(GPU targets: hosts).")
 _PROGRAMS = flags.DEFINE_list("programs", ["update", "score", "prefill", "decode"],
                               "Programs to compile.")
 _BISECT = flags.DEFINE_bool("bisect", False, "Find the largest prompts_per_step that fits.")
-_HBM_GIB = flags.DEFINE_float("hbm_gib", 0.0, "Memory per chip (0: the generation's, HBM_GIB).")
+_HBM_GIB = flags.DEFINE_float("hbm_gib", 0.0, "Memory per chip (0: a TPU generation's HBM_GIB, "
+                              "a GPU card's JAX allocator share).")
 _JSON = flags.DEFINE_string("json", "", "Also write the plans (bytes per chip) to this file.")
 
 PROGRAMS = ("update", "score", "prefill", "decode")
 # HBM per chip in GiB by generation (Google Cloud's TPU system architecture pages).
 HBM_GIB = {"v4": 32.0, "v5e": 16.0, "v5p": 95.0, "v6e": 32.0}
+# GPU cards by the name --topology takes (<per host>x<card>): their GpuTargetConfigProto files.
+GPU_SPECS = {"h100": "h100_sxm.txtpb", "h200": "h200.txtpb", "a100-80": "a100_sxm_80.txtpb",
+             "a100-40": "a100_sxm_40.txtpb"}
+GPU_SPECS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gpu_targets")
+# The share of a card JAX's GPU allocator takes unless XLA_PYTHON_CLIENT_MEM_FRACTION says.
+JAX_GPU_MEM_FRACTION = 0.75
 COLLECTIVES = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all", "collective-permute")
 GIB = 2.0**30
 
@@ -96,6 +126,7 @@ class Plan:
   aliased: float = 0.0
   held: float = 0.0          # resident state the program does not take (rollouts: optimizer)
   collectives: dict[str, int] = dataclasses.field(default_factory=dict)
+  kernels: dict[str, int] = dataclasses.field(default_factory=dict)   # custom-call targets
   compile_s: float = 0.0
   error: str = ""
 
@@ -105,8 +136,34 @@ class Plan:
             + self.held)
 
 
+def gpu_target(topology: str) -> tuple[int, str] | None:
+  """(GPUs per host, card) of a GPU target such as 8xh100; None for a TPU topology."""
+  match = re.fullmatch(r"(\d+)x([a-z][\w-]*)", topology.lower())
+  if not match:
+    return None
+  if match[2] not in GPU_SPECS:
+    raise app.UsageError(f"--topology={topology}: no GPU card {match[2]!r}; use one of "
+                         f"{sorted(GPU_SPECS)}, e.g. 8xh100")
+  return int(match[1]), match[2]
+
+
+def gpu_spec(card: str) -> str:
+  with open(os.path.join(GPU_SPECS_DIR, GPU_SPECS[card])) as f:
+    return f.read()
+
+
 def topology_devices(name: str, num_slices: int):
   from jax.experimental import topologies  # pylint: disable=g-import-not-at-top
+  gpu = gpu_target(name)
+  if gpu:
+    per_host, card = gpu
+    try:
+      topo = topologies.get_topology_desc(platform="cuda", target_config=gpu_spec(card),
+                                          topology=f"1x{num_slices}x{per_host}")
+    except Exception as e:  # pylint: disable=broad-except
+      raise app.UsageError(f"--topology={name}: {str(e).splitlines()[0]} (is the CUDA PJRT "
+                           "plugin installed? pip install -e '.[gpu-plan]')") from None
+    return topo.devices
   try:
     topo = topologies.get_topology_desc(platform="tpu", topology_name=name,
                                         num_slices=num_slices)
@@ -116,9 +173,39 @@ def topology_devices(name: str, num_slices: int):
   return topo.devices
 
 
+def gpu_tracing(card: str) -> contextlib.ExitStack:
+  """Traces the programs as a run on `card` does. agentrl picks kernels by
+  `jax.default_backend()`, the host's CPU here: on a GPU `model.attention=fused` takes cuDNN's
+  flash attention and the log-prob op's `auto` its Pallas GPU kernel. Tracing cuDNN attention,
+  JAX asks the installed cuDNN for its version and the attached GPU for its compute capability;
+  with neither here, the card's spec answers."""
+  # pylint: disable-next=g-import-not-at-top
+  from jax._src.cudnn import fused_attention_stablehlo as cudnn
+  spec = gpu_spec(card)
+  major, minor, patch = map(int, re.search(
+      r"dnn_version_info \{\s*major: (\d+)\s*minor: (\d+)\s*patch: (\d+)", spec).groups())
+  cc = re.search(r"cuda_compute_capability \{\s*major: (\d+)(?:\s*minor: (\d+))?", spec)
+  card_cc = (int(cc[1]), int(cc[2] or 0))
+  wanted = lambda capability: tuple(int(x) for x in capability.split("."))
+  stack = contextlib.ExitStack()
+  for module, name, value in (
+      (jax, "default_backend", lambda: "gpu"),
+      (cudnn, "check_cudnn_version", lambda: major * 10000 + minor * 100 + patch),
+      (cudnn, "check_compute_capability", lambda c: card_cc >= wanted(c)),
+      (cudnn, "is_cuda_compute_capability_equal", lambda c: card_cc == wanted(c))):
+    stack.enter_context(mock.patch.object(module, name, value))
+  return stack
+
+
 def hbm_gib(topology: str) -> float:
+  """Memory per chip: a TPU generation's HBM, or the share of a GPU card JAX's allocator takes."""
   if _HBM_GIB.value:
     return _HBM_GIB.value
+  gpu = gpu_target(topology)
+  if gpu:
+    card_bytes = int(re.search(r"device_memory_size: (\d+)", gpu_spec(gpu[1]))[1])
+    fraction = float(os.environ.get("XLA_PYTHON_CLIENT_MEM_FRACTION", JAX_GPU_MEM_FRACTION))
+    return card_bytes * fraction / GIB
   generation = topology.split(":")[0]
   if generation not in HBM_GIB:
     raise app.UsageError(f"no HBM size known for {generation!r} ({sorted(HBM_GIB)}); pass "
@@ -198,6 +285,8 @@ def compile_plan(name: str, lower, held: float = 0.0) -> Plan:
     count = len(re.findall(rf"\s{op}(?:-start)?\(", hlo))
     if count:
       plan.collectives[op] = count
+  for target in re.findall(r'custom_call_target="([^"]+)"', hlo):
+    plan.kernels[target] = plan.kernels.get(target, 0) + 1
   return plan
 
 
@@ -285,16 +374,16 @@ def plan_rollout(config, cfg, mesh, programs, held) -> list[Plan]:
 
 def table(plans: list[Plan], hbm: float) -> str:
   lines = ["| program | arguments | outputs | temporaries | code | held | total (GiB/chip) | "
-           "of HBM | collectives | compile s |", "|---|" + "---:|" * 7 + "---|---:|"]
+           "of HBM | collectives | kernels | compile s |", "|---|" + "---:|" * 7 + "---|---|---:|"]
+  counts = lambda d: ", ".join(f"{n} {name}" for name, n in d.items()) or "none"
   for p in plans:
     if p.error:
-      lines.append(f"| {p.name} | does not fit: {p.error} |" + " |" * 7 + f" {p.compile_s:.0f} |")
+      lines.append(f"| {p.name} | does not fit: {p.error} |" + " |" * 8 + f" {p.compile_s:.0f} |")
       continue
-    coll = ", ".join(f"{n} {op}" for op, n in p.collectives.items()) or "none"
     g = lambda b: f"{b / GIB:.2f}"
     lines.append(f"| {p.name} | {g(p.arguments)} | {g(p.outputs)} | {g(p.temporaries)} | "
                  f"{g(p.code)} | {g(p.held)} | {g(p.total)} | {p.total / GIB / hbm:.0%} | "
-                 f"{coll} | {p.compile_s:.0f} |")
+                 f"{counts(p.collectives)} | {counts(p.kernels)} | {p.compile_s:.0f} |")
   return "\n".join(lines)
 
 
@@ -318,22 +407,25 @@ def main(argv):
   devices = topology_devices(_TOPOLOGY.value, _NUM_SLICES.value)
   mesh = sharding.make_mesh(config.mesh, devices=devices)
   rc = config.rollout
-  print(f"{_TOPOLOGY.value} x {_NUM_SLICES.value} slice(s): {len(devices)} chips "
+  gpu = gpu_target(_TOPOLOGY.value)
+  print(f"{_TOPOLOGY.value} x {_NUM_SLICES.value} {'host' if gpu else 'slice'}(s): "
+        f"{len(devices)} chips "
         f"({devices[0].device_kind}, {hbm:g} GiB each), mesh {dict(mesh.shape)}; "
         f"{config.model.variant} ({config.model.dtype}, remat={config.model.get('remat')}, "
         f"attention={config.model.get('attention')}), lora rank {config.lora.rank}; "
         f"{rc.prompts_per_step} x {rc.group_size} rows of {rc.max_len} tokens, "
         f"{config.updates.minibatches} minibatches (scored in "
         f"{config.updates.get('score_minibatches', 1)}); {rc.slots} decode slots", flush=True)
-  plans = plan_programs(config, mesh, _PROGRAMS.value)
-  print(table(plans, hbm))
-  fits, line = verdict(plans, hbm)
-  if _JSON.value:
-    with open(_JSON.value, "w") as f:
-      json.dump({"fits": fits, "hbm_gib": hbm, "plans": [
-          {**dataclasses.asdict(p), "total": p.total} for p in plans]}, f, indent=1)
-  if _BISECT.value:
-    print(bisect(config, mesh, hbm, fits))
+  with gpu_tracing(gpu[1]) if gpu else contextlib.nullcontext():
+    plans = plan_programs(config, mesh, _PROGRAMS.value)
+    print(table(plans, hbm))
+    fits, line = verdict(plans, hbm)
+    if _JSON.value:
+      with open(_JSON.value, "w") as f:
+        json.dump({"fits": fits, "hbm_gib": hbm, "plans": [
+            {**dataclasses.asdict(p), "total": p.total} for p in plans]}, f, indent=1)
+    if _BISECT.value:
+      print(bisect(config, mesh, hbm, fits))
   print(line)
 
 

@@ -1,11 +1,13 @@
-"""scripts/plan_pod.py: the verdict and table from compiled plans; a real TPU compile where the
-`tpu-plan` extra (libtpu) is installed.
+"""scripts/plan_pod.py: the verdict and table from compiled plans; real compiles for a TPU
+topology where the `tpu-plan` extra (libtpu) is installed and for a GPU target where the
+`gpu-plan` one (the CUDA PJRT plugin, without NVIDIA's libraries) is.
 
-The compile cases need libtpu, which CI does not install (with it, every JAX process first
-tries to start a TPU runtime): `pip install -e '.[tpu-plan]'` runs them. They compile GRPO's
+The compile cases need those wheels, which CI does not install (with libtpu, every JAX process
+first tries to start a TPU runtime; docs/scaling.md §4 has the commands). They compile GRPO's
 real update step and the engine's decode step for the tiny preset on v5e:2x2 (and on two such
-slices), check that the per-chip figures are positive and fit, and that the same plan is
-reported as not fitting when the chip is given less memory than it needs.
+slices) and on 4xh100 (where the update step must call cuDNN's flash attention and the Triton
+log-prob kernel, as a GPU run does), check that the per-chip figures are positive and fit, and
+that the same plan is reported as not fitting when the chip is given less memory than it needs.
 """
 import functools
 import importlib.util
@@ -53,27 +55,36 @@ class VerdictTest(absltest.TestCase):
     self.assertIn("| update | does not fit: Ran out of memory", plan_pod.table([oom], 16.0))
 
 
-@absltest.skipIf(importlib.util.find_spec("libtpu") is None,
-                 "needs libtpu: pip install -e '.[tpu-plan]'")
+def _installed(*modules: str) -> bool:
+  try:
+    return all(importlib.util.find_spec(m) for m in modules)
+  except ModuleNotFoundError:   # a missing parent package of a dotted name
+    return False
+
+
+def _plan(topology: str, *extra: str) -> tuple[str, dict]:
+  """Runs the script on the tiny preset over 4 chips; (its stdout, its --json plans)."""
+  command = [sys.executable, _SCRIPT, f"--topology={topology}", "--programs=update,decode",
+             "--config=experiments/policy/grpo.py:pod", "--config.model.variant=tiny",
+             "--config.mesh.data=1", "--config.mesh.fsdp=4",
+             "--config.rollout.prompts_per_step=4", "--config.rollout.group_size=2",
+             "--config.rollout.max_len=64", "--config.rollout.max_new_tokens=32",
+             "--config.rollout.slots=8", "--config.updates.minibatches=1",
+             "--config.updates.score_minibatches=1", *extra]
+  path = os.path.join(tempfile.mkdtemp(), "plan.json")
+  env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+  env.pop("XLA_PYTHON_CLIENT_MEM_FRACTION", None)   # a GPU plan's budget: JAX's default share
+  out = subprocess.run([*command, f"--json={path}"], cwd=_ROOT, capture_output=True,
+                       text=True, check=True, env=env, timeout=600)
+  with open(path) as f:
+    return out.stdout, json.load(f)
+
+
+@absltest.skipIf(not _installed("libtpu"), "needs libtpu: pip install -e '.[tpu-plan]'")
 class CompileTest(absltest.TestCase):
 
-  def _plan(self, *extra):
-    command = [sys.executable, _SCRIPT, "--topology=v5e:2x2", "--programs=update,decode",
-               "--config=experiments/policy/grpo.py:pod", "--config.model.variant=tiny",
-               "--config.mesh.data=1", "--config.mesh.fsdp=4",
-               "--config.rollout.prompts_per_step=4", "--config.rollout.group_size=2",
-               "--config.rollout.max_len=64", "--config.rollout.max_new_tokens=32",
-               "--config.rollout.slots=8", "--config.updates.minibatches=1",
-               "--config.updates.score_minibatches=1", *extra]
-    path = os.path.join(tempfile.mkdtemp(), "plan.json")
-    out = subprocess.run([*command, f"--json={path}"], cwd=_ROOT, capture_output=True,
-                         text=True, check=True, env={**os.environ, "JAX_PLATFORMS": "cpu"},
-                         timeout=600)
-    with open(path) as f:
-      return out.stdout, json.load(f)
-
   def test_tiny_grpo_compiles_for_v5e_and_fits(self):
-    out, plans = self._plan()
+    out, plans = _plan("v5e:2x2")
     self.assertTrue(plans["fits"])
     self.assertEqual([p["name"] for p in plans["plans"]], ["update", "decode"])
     for p in plans["plans"]:
@@ -84,15 +95,40 @@ class CompileTest(absltest.TestCase):
     self.assertRegex(out.splitlines()[-1], r"^fits: yes, [\d.]+ GiB of 16 GiB per chip")
 
   def test_two_slices_split_the_data_axis(self):
-    out, plans = self._plan("--num_slices=2", "--config.mesh.data=2")
+    out, plans = _plan("v5e:2x2", "--num_slices=2", "--config.mesh.data=2")
     self.assertIn("8 chips", out.splitlines()[0])
     self.assertIn("mesh {'data': 2, 'fsdp': 4, 'tensor': 1}", out.splitlines()[0])
     self.assertTrue(plans["fits"])
 
   def test_too_little_memory_does_not_fit(self):
-    out, plans = self._plan("--hbm_gib=0.001")
+    out, plans = _plan("v5e:2x2", "--hbm_gib=0.001")
     self.assertFalse(plans["fits"])
     self.assertRegex(out.splitlines()[-1], r"^fits: no, [\d.]+ GiB of 0.001 GiB per chip")
+
+
+@absltest.skipIf(not _installed("jax_plugins.xla_cuda12", "jax_cuda12_plugin"),
+                 "needs the CUDA PJRT plugin: pip install -e '.[gpu-plan]'")
+class GpuCompileTest(absltest.TestCase):
+
+  def test_tiny_grpo_compiles_for_h100_with_its_kernels_and_fits(self):
+    out, plans = _plan("4xh100")
+    self.assertIn("4 chips (NVIDIA H100 80GB HBM3, 59.332 GiB each)", out.splitlines()[0])
+    self.assertTrue(plans["fits"])
+    update, decode = plans["plans"]
+    for p in (update, decode):
+      for key in ("arguments", "outputs", "temporaries", "total"):
+        self.assertGreater(p[key], 0, (p["name"], key))
+      self.assertIn("all-gather", p["collectives"])
+    kernels = " ".join(update["kernels"])
+    self.assertIn("__cudnn$fmha", kernels)    # model.attention=fused: cuDNN's flash attention
+    self.assertIn("triton", kernels)          # logprob_impl=auto: the Pallas GPU kernel
+    self.assertRegex(out.splitlines()[-1], r"^fits: yes, [\d.]+ GiB of 59.332 GiB per chip")
+
+  def test_too_little_memory_does_not_fit(self):
+    # A GPU compile does not fail on memory: the verdict compares XLA's figures with the card.
+    out, plans = _plan("4xh100", "--programs=decode", "--hbm_gib=0.0001")
+    self.assertFalse(plans["fits"])
+    self.assertRegex(out.splitlines()[-1], r"^fits: no, [\d.]+ GiB of 0.0001 GiB per chip")
 
 
 if __name__ == "__main__":

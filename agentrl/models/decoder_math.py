@@ -105,9 +105,14 @@ DECODE_ATTENTIONS = ("xla", "pallas")
 
 
 def _attend_cudnn(q_BTHK, k_BGSK, v_BGSK, allowed_BTS, scale):
-  return jax.nn.dot_product_attention(
-      q_BTHK, heads_first(k_BGSK), heads_first(v_BGSK), mask=allowed_BTS[:, None],
-      scale=scale, implementation="cudnn")
+  """cuDNN's flash attention, per device under a mesh: its partitioner rejects the shardings
+  GSPMD gives q and k/v ("Query, key and value should have same sharding")."""
+  def kernel(q_BTHK, k_BSGK, v_BSGK, allowed_BTS):
+    return jax.nn.dot_product_attention(q_BTHK, k_BSGK, v_BSGK, mask=allowed_BTS[:, None],
+                                        scale=scale, implementation="cudnn")
+
+  args = (q_BTHK, heads_first(k_BGSK), heads_first(v_BGSK), allowed_BTS)
+  return _per_device(kernel, args, heads_axis=2, kv_heads=k_BGSK.shape[1])
 
 
 def _attend_dot_product(q_BTHK, k_BGSK, v_BGSK, allowed_BTS, scale):
@@ -126,10 +131,7 @@ def attend_tpu_flash(q_BTHK, k_BGSK, v_BGSK, allowed_BTS, scale):
   kernel runs per device (`shard_map`: a Mosaic kernel is not partitioned automatically), rows
   split as the batch is and heads over `tensor` when it divides them.
   """
-  # pylint: disable=g-import-not-at-top
-  from jax.experimental.pallas.ops.tpu import flash_attention
-  from agentrl import sharding   # imported here: sharding imports the model modules
-  # pylint: enable=g-import-not-at-top
+  from jax.experimental.pallas.ops.tpu import flash_attention  # pylint: disable=g-import-not-at-top
   h = q_BTHK.shape[2]
   r = h // k_BGSK.shape[1]
   valid_BT = jnp.diagonal(allowed_BTS, axis1=1, axis2=2).astype(jnp.int32)
@@ -141,16 +143,27 @@ def attend_tpu_flash(q_BTHK, k_BGSK, v_BGSK, allowed_BTS, scale):
 
   args = (heads_first(q_BTHK), jnp.repeat(k_BGSK, r, axis=1), jnp.repeat(v_BGSK, r, axis=1),
           valid_BT)
+  return heads_first(_per_device(kernel, args, heads_axis=1, kv_heads=h))
+
+
+def _per_device(kernel, args, *, heads_axis: int, kv_heads: int):
+  """`kernel(q, k, v, mask)` under the ambient mesh's `shard_map` (a custom kernel is not
+  partitioned automatically; without a mesh, called as is): rows split as the batch is, and
+  the heads (axis `heads_axis` of q, k, v and the output) over `tensor` when it divides both
+  q's and k/v's (`kv_heads`) head counts; the mask is split by rows only."""
+  # Imported here: sharding imports the model modules.
+  from agentrl import sharding  # pylint: disable=g-import-not-at-top
   mesh = jax.sharding.get_abstract_mesh()
   if mesh.empty:
-    return heads_first(kernel(*args))
+    return kernel(*args)
   size = lambda axis: mesh.shape.get(axis, 1)
   rows = tuple(a for a in sharding.ROWS if size(a) > 1) or None
-  heads = "tensor" if size("tensor") > 1 and h % size("tensor") == 0 else None
-  spec = jax.sharding.PartitionSpec(rows, heads)
-  sharded = jax.shard_map(kernel, in_specs=(spec, spec, spec, jax.sharding.PartitionSpec(rows)),
-                          out_specs=spec, check_vma=False)
-  return heads_first(sharded(*args))
+  tensor = size("tensor")
+  split = tensor > 1 and args[0].shape[heads_axis] % tensor == 0 and kv_heads % tensor == 0
+  spec = jax.sharding.PartitionSpec(rows, *[None] * (heads_axis - 1),
+                                    "tensor" if split else None)
+  return jax.shard_map(kernel, in_specs=(spec, spec, spec, jax.sharding.PartitionSpec(rows)),
+                       out_specs=spec, check_vma=False)(*args)
 
 
 def _attend_fused(cfg, q_BTHK, k_BGSK, v_BGSK, allowed_BTS, scale):
