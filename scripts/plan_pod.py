@@ -14,7 +14,7 @@ JAX compiles a sharded program for a TPU topology with no TPU attached, from the
 wheel (`jax.experimental.topologies`, as MaxText's train_compile.py does). The experiment
 config (--config, default GRPO's `pod` preset, with its --config.<key> overrides) is the
 recipe: the model (`model.variant`, a preset of agentrl/models/presets.py, built abstractly,
-no weights; `model.dtype`, `model.remat`, `model.attention`), LoRA or full training
+no weights; `model.dtype`, `model.remat`, `model.attention`, `model.decode_attention`), LoRA or full training
 (`lora.rank`; a scratch config's width/depth overrides are not read: the preset's sizes
 are planned), the mesh (`mesh.data/fsdp/tensor`) and the sharding rules, and the shapes:
 `rollout.prompts_per_step` x `rollout.group_size` rows of `rollout.max_len` tokens, split into
@@ -219,7 +219,8 @@ def model_config(config) -> transformer.Config:
     raise app.UsageError(f"config.model.variant={mc.variant!r} is not a model preset; use one "
                          f"of {sorted(presets.PRESETS)}")
   return transformer.Config.named(mc.variant, dtype=mc.dtype, remat=mc.get("remat", False),
-                                  attention=mc.get("attention", "xla"))
+                                  attention=mc.get("attention", "xla"),
+                                  decode_attention=mc.get("decode_attention", "xla"))
 
 
 def abstract_policy(config, cfg, mesh, tx):

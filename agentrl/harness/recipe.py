@@ -94,7 +94,7 @@ def model_config(mc: mlc.ConfigDict, vocab: int) -> transformer.Config:
       mc.variant, vocab=vocab, width=mc.width, depth=mc.depth, heads=mc.heads,
       kv_heads=mc.kv_heads, head_dim=mc.head_dim, mlp=mc.mlp,
       unroll_layers=mc.get("unroll_layers", False), remat=mc.get("remat", False),
-      attention=mc.get("attention", "xla"))
+      attention=mc.get("attention", "xla"), decode_attention=mc.get("decode_attention", "xla"))
 
 
 def task_tokenizer(tc: mlc.ConfigDict) -> tokenizer_lib.Tokenizer:
@@ -158,7 +158,8 @@ def build_policy(config: mlc.ConfigDict, mesh) -> tuple[tokenizer_lib.Tokenizer,
   start = time.perf_counter()
   tok, cfg, graphdef, params = hf.load_with_tokenizer(
       path, dtype=mc.dtype, unroll_layers=mc.get("unroll_layers", False),
-      remat=mc.get("remat", False), attention=mc.get("attention", "xla"))
+      remat=mc.get("remat", False), attention=mc.get("attention", "xla"),
+      decode_attention=mc.get("decode_attention", "xla"))
   print(f"Loaded {_preset_of(cfg) or 'a model'} ({_architecture(cfg)}; vocab={cfg.vocab}, "
         f"tokenizer {tok.vocab_size} ids) in {time.perf_counter() - start:.0f}s.", flush=True)
   params = sharding.reshard(params, sharding.tree_shardings(params, mesh, rules))

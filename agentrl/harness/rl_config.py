@@ -47,6 +47,28 @@ def textworld_study(c: mlc.ConfigDict, *, names, smoke: bool) -> None:
   c.total_steps = 100
 
 
+def hidden_rule_study(c: mlc.ConfigDict, *, names, smoke: bool) -> None:
+  """The hidden-rule game as the agent experiments' `cpu` preset plays it (experiments/agents/
+  agent.py), in place: the guess family over 7 turns with the closeness reward, a tiny scratch
+  model warm-started by SFT to 30%, 32 prompts per step at temperature 0.7. Experiments that
+  set it share one SFT warm start with agent.py's cpu runs. `names`: the envs config.task
+  offers; smoke: seconds, for tests."""
+  c.task = registry.task_config("hidden_rule", names=names, family="guess", max_turns=7,
+                                style="compact", closeness_reward=0.0)
+  c.sft.update(target_success=0.3, demo_noise=0.0, eval_every=2, eval_problems=200)
+  c.rollout.update(prompts_per_step=32, group_size=8, max_new_tokens=6, max_len=64)
+  c.eval.update(num_problems=300, every=25)
+  if smoke:
+    c.task.update(max_turns=2)
+    c.sft.update(eval_problems=4)
+    c.rollout.update(prompts_per_step=2, group_size=2, max_new_tokens=8)
+    c.eval.num_problems = 2
+    return
+  c.total_steps, c.task.closeness_reward, c.model.unroll_layers = 250, 0.5, True
+  c.rollout.temperature = 0.7
+  c.optim.update(lr=3e-4, warmup_steps=10)
+
+
 def rl_config(preset: str = "cpu", *, smoke: bool = False) -> mlc.ConfigDict:
   """Every key of an RL experiment's config except `loss`, for one preset.
 
@@ -74,10 +96,13 @@ def rl_config(preset: str = "cpu", *, smoke: bool = False) -> mlc.ConfigDict:
   # instead of all; transformer.Config.remat).
   # attention: "fused" runs training and scoring attention through
   # jax.nn.dot_product_attention (cuDNN flash attention on a GPU in bfloat16), "xla" stores
-  # the float32 scores (transformer.Config.attention).
+  # the float32 scores (transformer.Config.attention). decode_attention: "pallas" runs the
+  # rollout engine's steps against the KV cache through the Pallas decode-attention kernel
+  # (kernels/attention: Mosaic on TPU, Triton on GPU, interpret mode elsewhere), "xla" the
+  # dense masked attention (transformer.Config.decode_attention).
   c.model = dict(init="scratch", variant="tiny", width=64, depth=2, heads=8, kv_heads=8,
                  head_dim=8, mlp=256, path="", dtype="float32", logprob_impl="xla",
-                 unroll_layers=False, remat=False, attention="xla")
+                 unroll_layers=False, remat=False, attention="xla", decode_attention="xla")
   # SFT warm start of a scratch model; steps_max bounds it, target_success stops it.
   c.sft = dict(steps_max=2000, target_success=0.2, batch_size=64, lr=1e-3, b2=0.99,
                clip_norm=1.0, eval_every=25, eval_problems=512)
@@ -163,6 +188,7 @@ RL_SCHEMA = {
     "model.unroll_layers": configs.Key(bool),
     "model.remat": configs.Key(bool),
     "model.attention": configs.Key(str, choices=decoder_math.ATTENTIONS),
+    "model.decode_attention": configs.Key(str, choices=decoder_math.DECODE_ATTENTIONS),
     "sft.steps_max": configs.Key(int, min=1),
     "sft.target_success": configs.Key(float, min=0.0, max=1.0),
     "sft.batch_size": configs.Key(int, min=1),
