@@ -6,8 +6,6 @@ own continuations, sample the trainer's log-probs, and are the same when every p
 prefilled again instead of copied, on fewer slots.
 A fork inside a single turn prefills nothing.
 """
-from unittest import mock
-
 from absl.testing import absltest
 from flax import nnx
 import jax
@@ -48,8 +46,9 @@ def every_kind(point: branching.ForkPoint) -> list[branching.Fork]:
   return []
 
 
-def _run(slots, brancher=every_kind, **kwargs):
-  engine = engine_lib.Engine(GRAPHDEF, pad_id=TOK.pad_id, slots=slots, chunk=3)
+def _run(slots, brancher=every_kind, copy_prefixes=True, **kwargs):
+  engine = engine_lib.Engine(GRAPHDEF, pad_id=TOK.pad_id, slots=slots, chunk=3,
+                             copy_prefixes=copy_prefixes)
   kw = dict(KW, **kwargs)
   return engine.run(PARAMS, TOK, [MAKE() for _ in SEEDS], SEEDS, chat_template=CHAT,
                     brancher=brancher, **kw)
@@ -79,9 +78,8 @@ class BranchingEngineTest(absltest.TestCase):
 
   def test_sampled_branches_are_exact_copied_or_prefilled(self):
     trajs, copied = _run(8, rng=jax.random.key(1), temperature=1.0)
-    # No cache row to copy from: every branch prefills its prefix, on fewer slots.
-    with mock.patch.object(engine_lib._Run, "_best_holder", lambda *_: (None, 0)):  # pylint: disable=protected-access
-      other, prefilled = _run(2, rng=jax.random.key(1), temperature=1.0)
+    # Every branch prefills its prefix again, on fewer slots.
+    other, prefilled = _run(2, copy_prefixes=False, rng=jax.random.key(1), temperature=1.0)
     self.assertGreater(copied["rollout/fork_kv_tokens"], 1000)
     self.assertEqual(prefilled["rollout/fork_kv_tokens"], 0)
     self.assertEqual(prefilled["rollout/prefill_tokens"],

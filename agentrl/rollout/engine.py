@@ -95,11 +95,14 @@ class Engine:
       policy then decodes over its merged weights W + (alpha / rank) A B (`lora.merge`, once
       per run): no adapter matmuls per token, and log-probs equal to the adapter forward's up
       to float rounding (the score step's `logp_mismatch` shows it).
+    copy_prefixes: a branch's cache row starts as a copy of a row holding its prefix
+      (rollout/branching.py); False prefills every branch's prefix again (the reference the
+      copy is measured and tested against: the same trajectories, more prefill).
   """
 
   def __init__(self, graphdef, *, pad_id: int, slots: int = 64, chunk: int = 16,
                env_workers: int = 8, env_timeout_s: float | None = 300.0, cache_dtype=None,
-               unroll_layers: bool | None = None):
+               unroll_layers: bool | None = None, copy_prefixes: bool = True):
     if slots < 1 or chunk < 1 or env_workers < 1:
       raise ValueError(f"need slots, chunk and env_workers >= 1; got {slots}, {chunk}, "
                        f"{env_workers}.")
@@ -110,7 +113,7 @@ class Engine:
         cache_dtype
     if unroll_layers is None:
       unroll_layers = jax.default_backend() == "cpu"
-    self.unroll_layers = bool(unroll_layers)
+    self.unroll_layers, self.copy_prefixes = bool(unroll_layers), bool(copy_prefixes)
     # Compiled once per engine and shared by its runs.
     self.unstack = jax.jit(lambda params: transformer.unstack_layers(params))
     self.step_programs = _programs(graphdef)   # (prefill, decode)
@@ -448,7 +451,7 @@ class _Run:
     slot = self.slots[i]
     e, row = slot.episode, self.rows[slot.episode]
     _, at, mid, start, turn, slot.force = self.source.pop(e)
-    src, keep = self._best_holder(holders, row.tokens[:at - 1])
+    src, keep = self._best_holder(holders if self.e.copy_prefixes else [], row.tokens[:at - 1])
     if src is not None:
       self.copies.append((src, i, keep))
       slot.reset = False
