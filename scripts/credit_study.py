@@ -69,6 +69,15 @@ forward: it ran out of this machine's memory, asking for 30 GB); SPO-chain
 multi-turn values would need the env replayed under every cut); OPRL and MatchTIR (the one is
 wired to the hidden-rule game, the other needs gold tool-call traces).
 
+--task=branching: branching rollouts against independent samples on the hidden-rule game
+(the `cpu` presets, outcome reward only, as --task=hidden_rule): grpo (agent.py, 8 independent
+samples per prompt) and the tree methods, each its own experiment file sized to sample about
+as many tokens per step: tree_rl (TreeRL's EPTree forest and node credit), spo_tree (SPO-tree
+segment advantages), latr (LATR's forced alternatives at uncertain tokens, GRPO on the kept
+sequences), r3l (R3L-style retries from the first failing turn). A branch samples only after
+its fork, so the methods are compared at an equal budget of sampled tokens: curves over
+cumulative `rollout/sampled_tokens`, and success and AUC at the smallest total any run reached.
+
 Equal budgets: the same RL steps, prompts and samples per step (so the same env steps), the
 same held-out evaluation, and one shared SFT warm start (the first run trains it, the others get
 a copy), so methods differ only in credit and seeds only in the RL runs' randomness. Resumable:
@@ -102,12 +111,16 @@ class Task:
     title: the plot's title.
     out: the default --out.
     preset: every run's experiment preset ("": the experiment's default).
+    by_tokens: compare at an equal budget of sampled tokens (the methods sample different
+      amounts per step): curves over cumulative `rollout/sampled_tokens`, and success and AUC
+      at the smallest budget every run reached.
   """
   methods: dict[str, tuple[str, list[str]]]
   flags: list[str]
   title: str
   out: str
   preset: str = ""
+  by_tokens: bool = False
 
 
 def _agent(*overrides: str) -> tuple[str, list[str]]:
@@ -141,6 +154,15 @@ TASKS = {
                             "--config.loss.gigpo_mode=mean_std_norm"),
         "spa_rl": ("spa_rl", []),
     }, [], "TextWorld coin collector, 20 turns", "runs/textworld_study", preset="textworld"),
+    "branching": Task({
+        "grpo": _agent("--config.loss.credit=grpo"),
+        "tree_rl": ("tree_rl", []),
+        "spo_tree": ("spo_tree", []),
+        "latr": ("latr", []),
+        "r3l": ("r3l", []),
+    }, ["--config.task.closeness_reward=0", "--config.sft.eval_every=10"],
+        "hidden-rule game: branching vs independent samples", "runs/branching_study",
+        by_tokens=True),
 }
 
 _TASK = flags.DEFINE_enum("task", "hidden_rule", list(TASKS), "The multi-turn task.")
@@ -205,8 +227,39 @@ def load(method: str, seed: int) -> dict:
   curves = study.read_curves(run_dir(method, seed))
   steps = [r["step"] for r in curves["evals"]]
   success = [r["eval/success"] for r in curves["evals"]]
+  sampled = np.cumsum([0.0] + [r.get("rollout/sampled_tokens", 0.0) for r in curves["train"]])
   return {"steps": steps, "success": success, "auc": study.normalized_auc(steps, success),
-          "train_seconds": curves["summary"]["seconds"]["train"]}
+          "train_seconds": curves["summary"]["seconds"]["train"],
+          "tokens": [float(sampled[min(s, len(sampled) - 1)]) for s in steps]}
+
+
+def at_budget(run: dict, budget: float) -> tuple[float, float]:
+  """(held-out success at `budget` sampled tokens, linearly interpolated between evaluations;
+  the curve's mean level over [0, budget]) of one run."""
+  x, y = np.asarray(run["tokens"]), np.asarray(run["success"])
+  inside = x < budget
+  xs = np.append(x[inside], budget)
+  ys = np.append(y[inside], np.interp(budget, x, y))
+  return float(ys[-1]), study.normalized_auc(xs, ys)
+
+
+def token_table(runs: dict) -> str:
+  """Markdown: the runs compared at the smallest sampled-token budget every run reached."""
+  budget = min(r["tokens"][-1] for seeds in runs.values() for r in seeds)
+  pct = lambda values: study.mean_std(values, ".1f", 100.0)
+  lines = [f"At {budget / 1e6:.2f}M sampled tokens (the smallest total of any run):", "",
+           "| method | sampled tokens per step (K) | success at budget | AUC to budget | "
+           "final success (its tokens, M) | s / step |", "|---|" + "---:|" * 5]
+  for method, seeds in runs.items():
+    per_step = [r["tokens"][-1] / max(r["steps"][-1], 1) / 1e3 for r in seeds]
+    both = [at_budget(r, budget) for r in seeds]
+    final = pct([r["success"][-1] for r in seeds])
+    step_s = [r["train_seconds"] / max(r["steps"][-1], 1) for r in seeds]
+    lines.append(f"| {method} | {study.mean_std(per_step, '.1f')} | "
+                 f"{pct([b[0] for b in both])} | {pct([b[1] for b in both])} | {final} "
+                 f"({np.mean([r['tokens'][-1] for r in seeds]) / 1e6:.2f}) | "
+                 f"{study.mean_std(step_s, '.1f')} |")
+  return "\n".join(lines)
 
 
 def table(runs: dict) -> str:
@@ -225,13 +278,16 @@ def table(runs: dict) -> str:
 
 
 def plot(runs: dict, path: str) -> None:
+  by_tokens = TASKS[_TASK.value].by_tokens
   fig, ax = plt.subplots(figsize=(7, 4))
   for method, seeds in runs.items():
-    x = np.asarray(seeds[0]["steps"])
+    x = np.asarray(seeds[0]["steps"], np.float64)
+    if by_tokens:   # the seeds' mean token count at each evaluation
+      x = np.mean([r["tokens"] for r in seeds], axis=0) / 1e6
     y = np.asarray([r["success"] for r in seeds], np.float64) * 100
     ax.plot(x, y.mean(0), label=method)
     ax.fill_between(x, y.mean(0) - y.std(0), y.mean(0) + y.std(0), alpha=0.2)
-  ax.set_xlabel("RL step")
+  ax.set_xlabel("sampled tokens (M)" if by_tokens else "RL step")
   ax.set_ylabel("held-out greedy success (%)")
   ax.set_title(f"{TASKS[_TASK.value].title}, {len(next(iter(runs.values())))} seeds")
   ax.grid(alpha=0.3)
@@ -259,6 +315,8 @@ def main(argv):
         train(method, seed)
   runs = {m: [load(m, s) for s in range(_SEEDS.value)] for m in chosen}
   text = table(runs)
+  if TASKS[_TASK.value].by_tokens:
+    text += "\n\n" + token_table(runs)
   png = os.path.join(out_dir(), "credit_study.png")
   plot(runs, png)
   study.write_results(out_dir(), "credit_study.py", text, png, start)

@@ -53,7 +53,7 @@ class CreditStudyTest(absltest.TestCase):
 
   def test_every_method_override_validates(self):
     tasks = _load_script().TASKS
-    self.assertEqual(set(tasks), {"hidden_rule", "tool_use", "textworld"})
+    self.assertEqual(set(tasks), {"hidden_rule", "tool_use", "textworld", "branching"})
     for name, task in tasks.items():
       self.assertIn("grpo", task.methods, name)   # every task has the outcome-only baseline
       for method, (experiment, method_flags) in task.methods.items():
@@ -87,6 +87,34 @@ class CreditStudyTest(absltest.TestCase):
       self.assertEqual(s[key], a[key], key)
     shared = set(s["rollout"]) & set(a["rollout"])   # agent's own rollout keys aside
     self.assertEqual({k: s["rollout"][k] for k in shared}, {k: a["rollout"][k] for k in shared})
+
+  def test_branching_presets_share_one_warm_start(self):
+    # Every branching method's cpu preset builds agent.py's task, model and SFT, so the
+    # study's one warm start is each run's.
+    agent = importlib.import_module("experiments.agents.agent").get_config("cpu").to_dict()
+    for method, (experiment, _) in _load_script().TASKS["branching"].methods.items():
+      module = importlib.import_module(study.experiment_module(experiment))
+      config = module.get_config("cpu").to_dict()
+      for key in ("task", "model", "sft", "optim", "eval"):
+        self.assertEqual(config[key], agent[key], f"{method}: {key}")
+
+  def test_runs_compared_at_an_equal_token_budget(self):
+    script = _load_script()
+    cheap = {"steps": [0, 10, 20], "success": [0.2, 0.4, 0.6], "tokens": [0.0, 1e5, 2e5],
+             "train_seconds": 40.0}
+    dear = {"steps": [0, 10, 20], "success": [0.2, 0.3, 0.5], "tokens": [0.0, 2e5, 4e5],
+            "train_seconds": 60.0}
+    # At 2e5 tokens: the cheap run's last point; the dear run's step-10 point.
+    self.assertEqual(script.at_budget(cheap, 2e5), (0.6, (0.2 + 2 * 0.4 + 0.6) / 4))
+    success, auc = script.at_budget(dear, 2e5)
+    self.assertAlmostEqual(success, 0.3)
+    self.assertAlmostEqual(auc, 0.25)
+    # Between evaluations the success is interpolated: 1.5e5 tokens of the cheap run.
+    self.assertAlmostEqual(script.at_budget(cheap, 1.5e5)[0], 0.5)
+    text = script.token_table({"cheap": [cheap], "dear": [dear]})
+    self.assertIn("At 0.20M sampled tokens", text)
+    self.assertIn("| dear | 20.0 ± 0.0 | 30.0 ± 0.0 | 25.0 ± 0.0 | 50.0 ± 0.0 (0.40) | "
+                  "3.0 ± 0.0 |", text)
 
   @absltest.skipIf(textworld is None, "textworld is not installed (pip install -e '.[envs]')")
   def test_textworld_path_end_to_end(self):
