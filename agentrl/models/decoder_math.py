@@ -151,19 +151,45 @@ def _per_device(kernel, args, *, heads_axis: int, kv_heads: int):
   partitioned automatically; without a mesh, called as is): rows split as the batch is, and
   the heads (axis `heads_axis` of q, k, v and the output) over `tensor` when it divides both
   q's and k/v's (`kv_heads`) head counts; the mask is split by rows only."""
-  # Imported here: sharding imports the model modules.
-  from agentrl import sharding  # pylint: disable=g-import-not-at-top
   mesh = jax.sharding.get_abstract_mesh()
   if mesh.empty:
     return kernel(*args)
+  rows, heads = _mesh_split(mesh, args[0].shape[heads_axis], kv_heads)
+  spec = jax.sharding.PartitionSpec(rows, *[None] * (heads_axis - 1), heads)
+  return jax.shard_map(kernel, in_specs=(spec, spec, spec, jax.sharding.PartitionSpec(rows)),
+                       out_specs=spec, check_vma=False)(*args)
+
+
+def _mesh_split(mesh, heads: int, kv_heads: int):
+  """(the row axes, "tensor" or None) a per-device kernel splits over: rows as the batch is,
+  heads over `tensor` when it divides both head counts."""
+  # Imported here: sharding imports the model modules.
+  from agentrl import sharding  # pylint: disable=g-import-not-at-top
   size = lambda axis: mesh.shape.get(axis, 1)
   rows = tuple(a for a in sharding.ROWS if size(a) > 1) or None
   tensor = size("tensor")
-  split = tensor > 1 and args[0].shape[heads_axis] % tensor == 0 and kv_heads % tensor == 0
-  spec = jax.sharding.PartitionSpec(rows, *[None] * (heads_axis - 1),
-                                    "tensor" if split else None)
-  return jax.shard_map(kernel, in_specs=(spec, spec, spec, jax.sharding.PartitionSpec(rows)),
-                       out_specs=spec, check_vma=False)(*args)
+  split = tensor > 1 and heads % tensor == 0 and kv_heads % tensor == 0
+  return rows, "tensor" if split else None
+
+
+def _decode_attention(cfg, q_BTHK, k_BGSK, v_BGSK, mask, scale):
+  """The Pallas decode-attention kernel, per device under a mesh (`shard_map`: a Mosaic or
+  Triton kernel is not partitioned automatically; left to GSPMD, the cache would be gathered
+  to every device): rows split as the batch is, KV heads over `tensor` when it divides them."""
+  def kernel(q_BTHK, k_BGSK, v_BGSK, mask):
+    return attention_ops.decode_attention(q_BTHK, k_BGSK, v_BGSK, mask, scale=scale,
+                                          softcap=cfg.attn_logit_softcap, impl="pallas")
+
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh.empty:
+    return kernel(q_BTHK, k_BGSK, v_BGSK, mask)
+  P = jax.sharding.PartitionSpec
+  rows, heads = _mesh_split(mesh, q_BTHK.shape[2], k_BGSK.shape[1])
+  q_spec, kv_spec = P(rows, None, heads), P(rows, heads)
+  mask_spec = attention_ops.CacheMask(q_pos_BT=P(rows), q_slot_T=P(), k_pos_BS=P(rows),
+                                      kv_start_B=P(rows), window=P())
+  return jax.shard_map(kernel, in_specs=(q_spec, kv_spec, kv_spec, mask_spec),
+                       out_specs=q_spec, check_vma=False)(q_BTHK, k_BGSK, v_BGSK, mask)
 
 
 def _attend_fused(cfg, q_BTHK, k_BGSK, v_BGSK, allowed_BTS, scale):
@@ -190,8 +216,7 @@ def _attend(cfg, q_BTHK, k_BGSK, v_BGSK, allowed_BTS):
   g = k_BGSK.shape[1]
   scale = (cfg.query_pre_attn_scalar or cfg.head_dim) ** -0.5
   if isinstance(allowed_BTS, attention_ops.CacheMask):
-    return attention_ops.decode_attention(q_BTHK, k_BGSK, v_BGSK, allowed_BTS, scale=scale,
-                                          softcap=cfg.attn_logit_softcap, impl="pallas")
+    return _decode_attention(cfg, q_BTHK, k_BGSK, v_BGSK, allowed_BTS, scale)
   if cfg.attention == "fused" and t == k_BGSK.shape[2]:
     return _attend_fused(cfg, q_BTHK, k_BGSK, v_BGSK, allowed_BTS, scale)
   q_BTGRK = q_BTHK.reshape(b, t, g, h // g, k)

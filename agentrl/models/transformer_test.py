@@ -2,6 +2,7 @@
 """Tests of the decoder: preset sizes, KV-cache decoding, causality, dtypes, sharding names."""
 import dataclasses
 import functools
+import re
 from unittest import mock
 
 from absl.testing import absltest
@@ -126,6 +127,32 @@ class TransformerTest(parameterized.TestCase):
     # Not vacuous: rows differ, and padding changes nothing for the real tokens of row 2.
     self.assertGreater(float(jnp.abs(full_BTV[0, -1] - full_BTV[1, -1]).max()), 1e-3)
     np.testing.assert_allclose(alone_BTV[0], full_BTV[2, 6:], atol=2e-5, rtol=1e-5)
+
+  def test_pallas_decode_runs_per_device_under_a_mesh(self):
+    # Rows over data, KV heads over tensor: the kernel under shard_map gives the single-device
+    # result (GSPMD cannot partition a custom kernel; shard_map runs it on each shard).
+    if jax.device_count() < 4:
+      self.skipTest("needs 4 devices (XLA_FLAGS=--xla_force_host_platform_device_count=8)")
+    cfg = transformer.Config.named("tiny", decode_attention="pallas", kv_heads=2)
+    graphdef, params = testing.random_params(cfg)
+    tokens_BT, positions_BT, mask_BT = _left_padded_batch(cfg.vocab)
+    tokens_BT, positions_BT, mask_BT = (jnp.concatenate([x, x[:1]]) for x in
+                                        (tokens_BT, positions_BT, mask_BT))   # 4 rows
+
+    def run(params):
+      m = nnx.merge(graphdef, params)
+      cache = transformer.init_cache(cfg, 4, 12)
+      _, cache = m.decode(tokens_BT[:, :8], positions_BT[:, :8], mask_BT[:, :8], cache, 0)
+      return m.decode(tokens_BT[:, 8:9], positions_BT[:, 8:9], mask_BT[:, 8:9], cache, 8)[0]
+
+    alone = jax.jit(run)(params)
+    mesh = jax.make_mesh((2, 1, 2), ("data", "fsdp", "tensor"),
+                         axis_types=(jax.sharding.AxisType.Auto,) * 3)
+    with jax.set_mesh(mesh):
+      meshed = jax.jit(run)(params)
+      lowered = jax.jit(run).lower(params).as_text()
+    self.assertTrue(re.search("manual_computation|shard_map", lowered), "no per-device kernel")
+    np.testing.assert_allclose(meshed, alone, atol=2e-5, rtol=1e-5)
 
   def test_per_layer_cache_needs_per_layer_weights(self):
     cfg = transformer.Config.named("tiny")
