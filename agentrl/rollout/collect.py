@@ -37,10 +37,11 @@ def trajectory_success(traj: agent_loop.Trajectory) -> bool:
 
 
 def rollout_metrics(trajs: Sequence[agent_loop.Trajectory]) -> dict[str, float]:
-  """The host metrics every rollout logs: mean reward, success rate, sampled tokens."""
+  """The host metrics every rollout logs: mean reward, success rate, sampled tokens (a
+  branch's own: the prefix it shares with its parent was sampled once, by the parent)."""
   return {"reward": float(np.mean([t.reward for t in trajs])),
           "success": float(np.mean([trajectory_success(t) for t in trajs])),
-          "rollout/sampled_tokens": float(sum(t.loss_mask.sum() for t in trajs))}
+          "rollout/sampled_tokens": float(sum(t.loss_mask[t.fork_at:].sum() for t in trajs))}
 
 
 def episode_metrics(trajs: Sequence[agent_loop.Trajectory]) -> dict[str, float]:

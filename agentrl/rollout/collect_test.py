@@ -25,6 +25,12 @@ class EpisodeMetricsTest(absltest.TestCase):
     self.assertEqual(got, {"success": 0.5, "turns": 2.5, "valid_turns": 3 / 5})
     self.assertEqual(collect.episode_metrics([_episode([])])["valid_turns"], 0.0)
 
+  def test_a_branch_counts_only_the_tokens_it_sampled(self):
+    root = _episode([{"error": ""}])
+    branch = _episode([{"error": ""}])
+    branch.parent, branch.fork_at = 0, 3    # its first 3 tokens are the root's
+    self.assertEqual(collect.rollout_metrics([root, branch])["rollout/sampled_tokens"], 4 + 1)
+
 
 if __name__ == "__main__":
   absltest.main()
