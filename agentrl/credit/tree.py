@@ -201,6 +201,19 @@ def _segments(fork_at_B, length_B, attach, num_groups):
   return row, start, end, first_seg, seg_by_end
 
 
+def root_groups(trajs: Sequence[agent_loop.Trajectory], roots: int) -> np.ndarray:
+  """int32 [B]: each row's group (prompt) in an engine run's output, where the roots come
+  first, `roots` per prompt, and every branch follows its parent (`Engine.run(brancher=)`):
+  a root's is its index // roots, a branch's its parent's."""
+  group = np.zeros((len(trajs),), np.int32)
+  for b, t in enumerate(trajs):
+    if t.parent >= b:
+      raise ValueError(f"tree.root_groups: row {b}'s parent {t.parent} does not come before "
+                       "it; pass rows in Engine.run's order (roots, then branches).")
+    group[b] = group[t.parent] if t.parent >= 0 else b // roots
+  return group
+
+
 def from_trajectories(trajs: Sequence[agent_loop.Trajectory], *, group_B=None,
                       check_prefix: bool = True) -> Tree:
   """`build` from trajectories' (parent, fork_at, len(tokens)).

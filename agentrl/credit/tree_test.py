@@ -112,6 +112,12 @@ class BuildTest(absltest.TestCase):
     np.testing.assert_array_equal(t.length_B, [3, 4])
     with self.assertRaisesRegex(ValueError, "row 1's first 2 tokens differ"):
       tree.from_trajectories([traj([5, 6, 7]), traj([5, 8, 9], 0, 2)])
+    # Engine.run's order: 2 prompts x 2 roots, then branches of roots 3 and 0, then one of a
+    # branch: each in its root's prompt.
+    rows = [traj([1, 2])] * 4 + [traj([1, 2], 3, 1), traj([1, 2], 0, 1), traj([1, 2], 5, 1)]
+    np.testing.assert_array_equal(tree.root_groups(rows, 2), [0, 0, 1, 1, 1, 0, 0])
+    with self.assertRaisesRegex(ValueError, "parent 2 does not come before"):
+      tree.root_groups([traj([1]), traj([1], 2, 1), traj([1])], 1)
 
 
 class MaskedGradientTest(absltest.TestCase):

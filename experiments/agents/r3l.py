@@ -72,7 +72,6 @@ def get_config(arg: str | None = None) -> mlc.ConfigDict:
     raise configs.ConfigError(f"unknown r3l preset {arg.preset!r}; use cpu (default), "
                               "textworld or smoke")
   c = rl_config.rl_config("cpu", smoke=arg.smoke)
-  c.sft.demo_noise = 0.0    # both studies set it, except textworld_study's smoke
   if arg.preset == "textworld":
     rl_config.textworld_study(c, names=registry.NAMES, smoke=arg.smoke)
   else:
@@ -164,15 +163,6 @@ def make_brancher(rc):
   return brancher
 
 
-def groups_of(trajs, roots: int) -> np.ndarray:
-  """int32 [B]: each row's prompt (roots come first, `roots` per prompt; a branch is in its
-  parent's group, and parents come before their branches)."""
-  group = np.zeros((len(trajs),), np.int32)
-  for b, t in enumerate(trajs):
-    group[b] = group[t.parent] if t.parent >= 0 else b // roots
-  return group
-
-
 def retry_metrics(trajs, mask_BT, loss_mask_BT) -> dict[str, float]:
   """The retries' success rate and mean restart turn (0 in a step without retries), and the
   share of the rows' sampled tokens that the pivotal mask trains."""
@@ -200,7 +190,7 @@ def make_rollout_fn(config, engine, tok, make_env, data, mesh):
         params, tok, [make_env() for _ in row_seeds], row_seeds, rng=rng, max_turns=U,
         max_new_tokens=rc.max_new_tokens, max_len=rc.max_len, temperature=rc.temperature,
         chat_template=config.task.chat_template, brancher=brancher)
-    forest = tree_lib.from_trajectories(trajs, group_B=groups_of(trajs, sc.roots))
+    forest = tree_lib.from_trajectories(trajs, group_B=tree_lib.root_groups(trajs, sc.roots))
     real = len(trajs)
     # How many attempts fail changes every step: pad to B rows that train nothing, so the
     # update step keeps one shape.

@@ -150,15 +150,6 @@ def make_brancher(tc):
   return brancher
 
 
-def groups_of(trajs, roots: int) -> np.ndarray:
-  """int32 [B]: each row's prompt (roots come first, `roots` per prompt; a branch is in its
-  parent's group, and parents come before their branches)."""
-  group = np.zeros((len(trajs),), np.int32)
-  for b, t in enumerate(trajs):
-    group[b] = group[t.parent] if t.parent >= 0 else b // roots
-  return group
-
-
 def make_rollout_fn(config, engine, tok, make_env, data, mesh):
   """rollout_fn(params, rng, step): the forests, packed to a fixed row count, with the node
   rewards and the token weights as extras."""
@@ -175,7 +166,7 @@ def make_rollout_fn(config, engine, tok, make_env, data, mesh):
         params, tok, [make_env() for _ in row_seeds], row_seeds, rng=rng, max_turns=U,
         max_new_tokens=rc.max_new_tokens, max_len=rc.max_len, temperature=rc.temperature,
         chat_template=config.task.chat_template, brancher=brancher)
-    group = groups_of(trajs, tc.roots)
+    group = tree_lib.root_groups(trajs, tc.roots)
     forest = tree_lib.from_trajectories(trajs, group_B=group)
     real = len(trajs)
     # A root with fewer sampled tokens than fork points forks less: pad to B rows that train
