@@ -34,11 +34,11 @@ def textworld_study(c: mlc.ConfigDict, *, names, smoke: bool) -> None:
   settings every experiment of scripts/credit_study.py --task=textworld shares, so that they
   share one SFT warm start. `names`: the envs config.task offers; smoke: two games per pool."""
   c.task = registry.task_config("textworld", names=names, **registry.TEXTWORLD_STUDY)
+  c.sft.demo_noise = 0.0
   if smoke:  # two games per pool: the tokenizer's episodes and the run generate only those
     c.task.update(pool_size=2, heldout_pool_size=2)
     return
-  c.sft.update(target_success=0.3, demo_noise=0.0, eval_every=5, eval_problems=64,
-               batch_size=16)
+  c.sft.update(target_success=0.3, eval_every=5, eval_problems=64, batch_size=16)
   c.rollout.update(prompts_per_step=8, group_size=8, max_new_tokens=4, max_len=256,
                    temperature=0.7)
   c.optim.update(lr=3e-4, warmup_steps=10)
