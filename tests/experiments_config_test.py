@@ -16,7 +16,8 @@ RL_EXPERIMENTS = ("grpo", "dr_grpo", "dapo", "gspo", "ctpo", "holder_po", "rloo"
                   "reinforce_pp", "gmpo", "cispo", "ppo", "r2vpo", "agent", "reward_model",
                   "hapo", "copo", "d3s", "etr", "riskpo", "arm", "fapo", "delta", "ttrl", "empo",
                   "kto", "hapo_length", "brpo", "hbpo", "decs", "eapo", "tppo", "delethink",
-                  "g2rl", "mssr", "opd", "ttexplore", "matchtir", "spo_chain", "oprl", "spa_rl")
+                  "g2rl", "mssr", "opd", "ttexplore", "matchtir", "spo_chain", "oprl", "spa_rl",
+                  "latr")
 
 
 def _module(name):
