@@ -14,8 +14,8 @@ JAX compiles a sharded program for a TPU topology with no TPU attached, from the
 wheel (`jax.experimental.topologies`, as MaxText's train_compile.py does). The experiment
 config (--config, default GRPO's `pod` preset, with its --config.<key> overrides) is the
 recipe: the model (`model.variant`, a preset of agentrl/models/presets.py, built abstractly,
-no weights; `model.dtype`, `model.remat`, `model.attention`, `model.decode_attention`), LoRA or full training
-(`lora.rank`; a scratch config's width/depth overrides are not read: the preset's sizes
+no weights; `model.dtype`, `model.remat`, `model.attention`, `model.decode_attention`), LoRA
+or full training (`lora.rank`; a scratch config's width/depth overrides are not read: the preset's sizes
 are planned), the mesh (`mesh.data/fsdp/tensor`) and the sharding rules, and the shapes:
 `rollout.prompts_per_step` x `rollout.group_size` rows of `rollout.max_len` tokens, split into
 `updates.minibatches`. The programs (--programs) are the ones the experiment runs:

@@ -12,8 +12,8 @@ episodes); `agent_loop.run_per_turn` is the simple per-turn reference it is test
   program writes the same columns for all slots (one write pointer), with the attention mask
   marking a slot's column valid only where that slot had a token; attention is causal by
   column and masked by validity, so holes cost nothing but space. When the pointer reaches the
-  end, `engine_programs.compact` packs each live slot's valid columns to the left (order kept) and drops the
-  rows of finished episodes; the cache doubles only when the compacted transcripts fill more
+  end, `engine_programs.compact` packs each live slot's valid columns to the left (order
+  kept) and drops the rows of finished episodes; the cache doubles only when the compacted transcripts fill more
   than half of it, so its size follows the transcripts' length, not max_len.
 - **Prefill only what is new, once per distinct prompt.** A slot's cache holds its transcript
   up to the last token; a new turn prefills only the tokens appended since (the last sampled
