@@ -82,8 +82,9 @@ class BranchingEngineTest(absltest.TestCase):
     other, prefilled = _run(2, copy_prefixes=False, rng=jax.random.key(1), temperature=1.0)
     self.assertGreater(copied["rollout/fork_kv_tokens"], 1000)
     self.assertEqual(prefilled["rollout/fork_kv_tokens"], 0)
-    self.assertEqual(prefilled["rollout/prefill_tokens"],
-                     copied["rollout/prefill_tokens"] + copied["rollout/fork_kv_tokens"])
+    # Prefilled again, less what branches of one prefix that start together share.
+    self.assertGreater(prefilled["rollout/prefill_tokens"],
+                       copied["rollout/prefill_tokens"] + 1000)
     differs = 0
     for t, u in zip(trajs, other):
       np.testing.assert_array_equal(t.tokens, u.tokens)

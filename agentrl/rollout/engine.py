@@ -422,12 +422,14 @@ class _Run:
     return held
 
   def _next_episode(self, i: int) -> int:
-    """The next episode for free slot i: a branch of the episode whose cache the row still
-    holds (continued in place), else the oldest branch (its source is the likeliest to be
-    gone soon), else the next root."""
-    if self.freed[i] is not None:
+    """The next episode for free slot i: a branch whose whole prefix the row still holds
+    (continued in place: a branch of the row's episode, or of a sibling that shares it), else
+    the oldest branch (its source is the likeliest to be gone soon), else the next root."""
+    if self.freed[i] is not None and self.e.copy_prefixes:
+      held = [(i, *self.freed[i])]
       for e in self.queued:
-        if self.source[e][0] == self.freed[i][0]:
+        at = self.source[e][1]
+        if self._best_holder(held, self.rows[e].tokens[:at - 1])[1] == at - 1:
           self.queued.remove(e)
           return e
     return self.queued.popleft() if self.queued else self.waiting.pop()
