@@ -82,7 +82,9 @@ and infos, and stepping either leaves the other alone. An env offers it in one o
 
 A wrapper (SafeEnv, BudgetEnv, FewShotEnv) holds the env it wraps in `env` and offers
 `rewrap(env) -> wrapper`: a new wrapper in its own current state around `env`, a fork of the
-wrapped env. A fork of a wrapped env is the fork of the innermost env, rewrapped layer by layer.
+wrapped env. A fork of a wrapped env is the fork of the innermost env, rewrapped layer by layer;
+a replay then runs through the wrappers, so their episode state (a SafeEnv's turn count, a
+budget) is the replayed prefix's, and a fork may go back to an earlier point of the episode.
 """
 import functools
 import numbers
