@@ -54,11 +54,17 @@ def _run(slots, brancher=every_kind, copy_prefixes=True, **kwargs):
                     brancher=brancher, **kw)
 
 
-def _trainer_logp(traj):
-  T = len(traj.tokens)
-  return np.asarray(policy.token_logprobs(
-      nnx.merge(GRAPHDEF, PARAMS), jnp.asarray(traj.tokens)[None], jnp.arange(T)[None],
-      jnp.ones((1, T), bool), temperature=1.0))[0]
+def _trainer_logps(trajs) -> list[np.ndarray]:
+  """The trainer's log-probs of every trajectory, in one forward (right-padded rows)."""
+  T = max(len(t.tokens) for t in trajs)
+  tokens = np.zeros((len(trajs), T), np.int32)
+  mask = np.zeros((len(trajs), T), bool)
+  for i, t in enumerate(trajs):
+    tokens[i, :len(t.tokens)], mask[i, :len(t.tokens)] = t.tokens, True
+  logp = np.asarray(policy.token_logprobs(
+      nnx.merge(GRAPHDEF, PARAMS), jnp.asarray(tokens),
+      jnp.broadcast_to(jnp.arange(T), (len(trajs), T)), jnp.asarray(mask), temperature=1.0))
+  return [logp[i, :len(t.tokens)] for i, t in enumerate(trajs)]
 
 
 class BranchingEngineTest(absltest.TestCase):
@@ -86,12 +92,11 @@ class BranchingEngineTest(absltest.TestCase):
     self.assertGreater(prefilled["rollout/prefill_tokens"],
                        copied["rollout/prefill_tokens"] + 1000)
     differs = 0
-    for t, u in zip(trajs, other):
+    for t, u, logp in zip(trajs, other, _trainer_logps(trajs)):
       np.testing.assert_array_equal(t.tokens, u.tokens)
       self.assertEqual((t.parent, t.fork_at), (u.parent, u.fork_at))
       sampled = t.loss_mask > 0
-      np.testing.assert_allclose(t.sampler_logp[sampled], _trainer_logp(t)[sampled],
-                                 atol=1e-5)
+      np.testing.assert_allclose(t.sampler_logp[sampled], logp[sampled], atol=1e-5)
       if t.parent >= 0:
         parent = trajs[t.parent]
         np.testing.assert_array_equal(t.tokens[:t.fork_at], parent.tokens[:t.fork_at])
@@ -121,10 +126,9 @@ class BranchingEngineTest(absltest.TestCase):
     trajs, _ = _run(8, brancher=second_choice, max_turns=1, rng=jax.random.key(5),
                     alternatives=2)
     self.assertLen(trajs, 6)
-    for t in trajs:
+    for t, logp in zip(trajs, _trainer_logps(trajs)):
       sampled = t.loss_mask > 0
       self.assertEqual(t.alternatives.shape, (len(t.tokens), 2))
-      logp = _trainer_logp(t)
       np.testing.assert_allclose(t.sampler_logp[sampled], logp[sampled], atol=1e-5)
       # The recorded alternatives are the most likely tokens, log-probs in decreasing order.
       self.assertTrue((t.alternative_logp[sampled, 0] >= t.alternative_logp[sampled, 1]).all())

@@ -47,14 +47,22 @@ def textworld_study(c: mlc.ConfigDict, *, names, smoke: bool) -> None:
   c.total_steps = 100
 
 
-def hidden_rule_study(c: mlc.ConfigDict, *, names, smoke: bool) -> None:
+def hidden_rule_study(c: mlc.ConfigDict, *, names, smoke: bool, pod: bool = False) -> None:
   """The hidden-rule game as the agent experiments' `cpu` preset plays it (experiments/agents/
   agent.py), in place: the guess family over 7 turns with the closeness reward, a tiny scratch
   model warm-started by SFT to 30%, 32 prompts per step at temperature 0.7. Experiments that
   set it share one SFT warm start with agent.py's cpu runs. `names`: the envs config.task
-  offers; smoke: seconds, for tests."""
+  offers; smoke: seconds, for tests; pod: agent.py's `pod` task instead (every family, 8 turns,
+  full texts through the chat template, 128 prompts of up to 4096 tokens) on `c`, a
+  `rl_config("pod")`."""
   c.task = registry.task_config("hidden_rule", names=names, family="guess", max_turns=7,
                                 style="compact", closeness_reward=0.0)
+  if pod:
+    c.task.update(family="mixed", max_turns=8, style="full", chat_template=True)
+    c.sft.demo_noise = 0.0
+    c.rollout.update(prompts_per_step=128, group_size=8, max_new_tokens=256, max_len=4096)
+    c.eval.update(num_problems=256, every=20)
+    return
   c.sft.update(target_success=0.3, demo_noise=0.0, eval_every=2, eval_problems=200)
   c.rollout.update(prompts_per_step=32, group_size=8, max_new_tokens=6, max_len=64)
   c.eval.update(num_problems=300, every=25)

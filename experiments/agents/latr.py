@@ -63,7 +63,8 @@ Adaptations to the engine and this task [INF]:
     a pruned branch samples to its end).
 
 Presets: cpu (default: the hidden-rule game, agentrl.harness.rl_config.hidden_rule_study),
-textworld (the long-horizon coin collector, rl_config.textworld_study), smoke (CI, seconds:
+textworld (the long-horizon coin collector, rl_config.textworld_study), pod (the game at
+agent.py's pod scale on rl_config's Qwen3-8B mesh, the paper's sizes), smoke (CI, seconds:
 every alternative qualifies, so the smoke forks).
 This file is the fork unit; the building blocks come from agentrl.harness.recipe, loop and credit.
 """
@@ -97,14 +98,15 @@ from agentrl import types
 
 def get_config(arg: str | None = None) -> mlc.ConfigDict:
   arg = configs.parse_arg(arg, preset="cpu", smoke=False)
-  if arg.preset not in ("cpu", "textworld"):
+  if arg.preset not in ("cpu", "textworld", "pod"):
     raise configs.ConfigError(f"unknown latr preset {arg.preset!r}; use cpu (default), "
-                              "textworld or smoke")
-  c = rl_config.rl_config("cpu", smoke=arg.smoke)
+                              "textworld, pod or smoke")
+  c = rl_config.rl_config("pod" if arg.preset == "pod" else "cpu", smoke=arg.smoke)
   if arg.preset == "textworld":
     rl_config.textworld_study(c, names=registry.NAMES, smoke=arg.smoke)
   else:
-    rl_config.hidden_rule_study(c, names=registry.NAMES, smoke=arg.smoke)
+    rl_config.hidden_rule_study(c, names=registry.NAMES, smoke=arg.smoke,
+                                pod=arg.preset == "pod")
   c.loss = dict(eps_low=0.2, eps_high=0.2, agg="token-mean")
   # tree_rows: a tree's capacity at mix ratio 1 (the code's n); abs_thres, rel_thres:
   # latr.branch_candidates'; prune_steps, edit_dist_thres: latr.should_prune's windows (own

@@ -31,7 +31,8 @@ README section gives the measured tokens per step]. The batch is padded to roots
 (1 + retries) rows per prompt with rows that train nothing, since how many attempts fail
 changes every step. Presets: cpu (default: the hidden-rule game,
 agentrl.harness.rl_config.hidden_rule_study), textworld (the long-horizon coin collector,
-rl_config.textworld_study), smoke (CI, seconds).
+rl_config.textworld_study), pod (the game at agent.py's pod scale on rl_config's Qwen3-8B mesh,
+the paper's sizes), smoke (CI, seconds).
 
 Not here: the reflection model (its guided retry and its "distilled" copy without the
 guidance), OPMD's loss (PPO clip with the "grpo" scores instead), and CSO's variant
@@ -68,14 +69,15 @@ from agentrl import types
 
 def get_config(arg: str | None = None) -> mlc.ConfigDict:
   arg = configs.parse_arg(arg, preset="cpu", smoke=False)
-  if arg.preset not in ("cpu", "textworld"):
+  if arg.preset not in ("cpu", "textworld", "pod"):
     raise configs.ConfigError(f"unknown r3l preset {arg.preset!r}; use cpu (default), "
-                              "textworld or smoke")
-  c = rl_config.rl_config("cpu", smoke=arg.smoke)
+                              "textworld, pod or smoke")
+  c = rl_config.rl_config("pod" if arg.preset == "pod" else "cpu", smoke=arg.smoke)
   if arg.preset == "textworld":
     rl_config.textworld_study(c, names=registry.NAMES, smoke=arg.smoke)
   else:
-    rl_config.hidden_rule_study(c, names=registry.NAMES, smoke=arg.smoke)
+    rl_config.hidden_rule_study(c, names=registry.NAMES, smoke=arg.smoke,
+                                pod=arg.preset == "pod")
   c.loss = dict(eps_low=0.2, eps_high=0.2, agg="token-mean")
   # roots, retries: first attempts per prompt and retries per failed one; the restart rule's
   # switches: restart.first_failing_turn's; normalize, amplify: restart.r3l_scores'.
@@ -83,6 +85,8 @@ def get_config(arg: str | None = None) -> mlc.ConfigDict:
                    on_no_progress=False, fallback="last", normalize="grpo", amplify=3.0)
   if arg.preset == "cpu" and not arg.smoke:
     c.restart.roots = 7    # the GRPO job's sampled tokens per step (module docstring)
+  if arg.preset == "pod":
+    c.rollout.prompts_per_step = 64
   if arg.smoke:
     c.restart.roots = 2
   c.rollout.group_size = c.restart.roots    # the first attempts of a prompt's group

@@ -40,7 +40,8 @@ branches resample all but its first turn, so a step samples about as many tokens
 job's 8 episodes of each of 32 prompts [INF: a budget]. The replay buffer of edges is not
 reproduced (every edge of the step trains). Presets: cpu (default: the hidden-rule game,
 agentrl.harness.rl_config.hidden_rule_study), textworld (the long-horizon coin collector,
-rl_config.textworld_study), smoke (CI, seconds).
+rl_config.textworld_study), pod (the game at agent.py's pod scale on rl_config's Qwen3-8B mesh,
+the paper's sizes), smoke (CI, seconds).
 This file is the fork unit; the building blocks come from agentrl.harness.recipe, loop and credit.
 """
 from absl import app
@@ -76,14 +77,15 @@ SEGMENTS = ("turns", "tokens")
 
 def get_config(arg: str | None = None) -> mlc.ConfigDict:
   arg = configs.parse_arg(arg, preset="cpu", smoke=False)
-  if arg.preset not in ("cpu", "textworld"):
+  if arg.preset not in ("cpu", "textworld", "pod"):
     raise configs.ConfigError(f"unknown spo_tree preset {arg.preset!r}; use cpu (default), "
-                              "textworld or smoke")
-  c = rl_config.rl_config("cpu", smoke=arg.smoke)
+                              "textworld, pod or smoke")
+  c = rl_config.rl_config("pod" if arg.preset == "pod" else "cpu", smoke=arg.smoke)
   if arg.preset == "textworld":
     rl_config.textworld_study(c, names=registry.NAMES, smoke=arg.smoke)
   else:
-    rl_config.hidden_rule_study(c, names=registry.NAMES, smoke=arg.smoke)
+    rl_config.hidden_rule_study(c, names=registry.NAMES, smoke=arg.smoke,
+                                pod=arg.preset == "pod")
   c.loss = dict(eps_low=0.2, eps_high=0.2, agg="token-mean")
   # roots: the prompt's children; branches: the extra children of a node at each fork (a node
   # has 1 + branches); depth: the fork levels below the roots (the code's 6-6-6 is roots 6,
@@ -92,6 +94,9 @@ def get_config(arg: str | None = None) -> mlc.ConfigDict:
   # credit/spo_tree.py: adv_method, drop_zero (zero-advantage edges not trained), the
   # probability mask's threshold and the whitening.
   c.spo = dict(adv_method="rloo", drop_zero=True, prob_threshold=0.9, whiten=True)
+  if arg.preset == "pod":    # the code's 6-6-6 tree: 216 leaves per prompt
+    c.tree.update(roots=6, branches=5, depth=2)
+    c.rollout.prompts_per_step = 8
   c.rollout.group_size = c.tree.roots    # the roots of a prompt's tree
   if arg.smoke:
     c.tree.update(roots=2, branches=1, depth=1)

@@ -27,7 +27,8 @@ Defaults [code]: M = 6, N = 2, L = 1, T = 2 (`--m 6 --n 2 --l 1 --t 2`), i.e. 6 
 per prompt. The `cpu` preset halves the forest (M = 4, N = 1, T = 1: 8 leaves, the GRPO job's
 group size) so a step costs about what a GRPO step does [INF: a budget]. Presets: cpu
 (default: the hidden-rule game, agentrl.harness.rl_config.hidden_rule_study), textworld (the
-long-horizon coin collector, rl_config.textworld_study), smoke (CI, seconds).
+long-horizon coin collector, rl_config.textworld_study), pod (the game at agent.py's pod scale
+on rl_config's Qwen3-8B mesh, the paper's sizes), smoke (CI, seconds).
 This file is the fork unit; the building blocks come from agentrl.harness.recipe, loop and credit.
 """
 from absl import app
@@ -59,19 +60,23 @@ from agentrl import types
 
 def get_config(arg: str | None = None) -> mlc.ConfigDict:
   arg = configs.parse_arg(arg, preset="cpu", smoke=False)
-  if arg.preset not in ("cpu", "textworld"):
+  if arg.preset not in ("cpu", "textworld", "pod"):
     raise configs.ConfigError(f"unknown tree_rl preset {arg.preset!r}; use cpu (default), "
-                              "textworld or smoke")
-  c = rl_config.rl_config("cpu", smoke=arg.smoke)
+                              "textworld, pod or smoke")
+  c = rl_config.rl_config("pod" if arg.preset == "pod" else "cpu", smoke=arg.smoke)
   if arg.preset == "textworld":
     rl_config.textworld_study(c, names=registry.NAMES, smoke=arg.smoke)
   else:
-    rl_config.hidden_rule_study(c, names=registry.NAMES, smoke=arg.smoke)
+    rl_config.hidden_rule_study(c, names=registry.NAMES, smoke=arg.smoke,
+                                pod=arg.preset == "pod")
   c.loss = dict(eps_low=0.2, eps_high=0.2, agg="token-mean")
   # roots, fork_points, branches, iterations: EPTree's M, N, T, L; reweight and form:
   # treerl.node_rewards'; weighting: credit.tree.token_weights' mode.
   c.tree = dict(roots=4, fork_points=1, branches=1, iterations=1, reweight="sqrt", form="code",
                 weighting="paths")
+  if arg.preset == "pod":    # the launch's EPTree: 6 + 24 leaves per prompt
+    c.tree.update(roots=6, fork_points=2, branches=2)
+    c.rollout.prompts_per_step = 32
   c.rollout.group_size = c.tree.roots    # the roots of a prompt's forest
   if arg.smoke:
     c.tree.update(roots=2)
