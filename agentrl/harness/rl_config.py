@@ -77,6 +77,25 @@ def hidden_rule_study(c: mlc.ConfigDict, *, names, smoke: bool, pod: bool = Fals
   c.optim.update(lr=3e-4, warmup_steps=10)
 
 
+AGENT_STUDY_PRESETS = ("cpu", "textworld", "pod")
+
+
+def agent_study(arg, *, experiment: str, names) -> mlc.ConfigDict:
+  """Every key but `loss` for a multi-turn study experiment's preset (`arg`, from
+  `configs.parse_arg`): cpu (`hidden_rule_study`), textworld (`textworld_study`) or pod
+  (`hidden_rule_study` at pod scale on `rl_config("pod")`), each with arg.smoke. A ConfigError
+  names `experiment` for another preset."""
+  if arg.preset not in AGENT_STUDY_PRESETS:
+    raise configs.ConfigError(f"unknown {experiment} preset {arg.preset!r}; use cpu (default), "
+                              "textworld, pod or smoke")
+  c = rl_config("pod" if arg.preset == "pod" else "cpu", smoke=arg.smoke)
+  if arg.preset == "textworld":
+    textworld_study(c, names=names, smoke=arg.smoke)
+  else:
+    hidden_rule_study(c, names=names, smoke=arg.smoke, pod=arg.preset == "pod")
+  return c
+
+
 def rl_config(preset: str = "cpu", *, smoke: bool = False) -> mlc.ConfigDict:
   """Every key of an RL experiment's config except `loss`, for one preset.
 

@@ -98,15 +98,7 @@ from agentrl import types
 
 def get_config(arg: str | None = None) -> mlc.ConfigDict:
   arg = configs.parse_arg(arg, preset="cpu", smoke=False)
-  if arg.preset not in ("cpu", "textworld", "pod"):
-    raise configs.ConfigError(f"unknown latr preset {arg.preset!r}; use cpu (default), "
-                              "textworld, pod or smoke")
-  c = rl_config.rl_config("pod" if arg.preset == "pod" else "cpu", smoke=arg.smoke)
-  if arg.preset == "textworld":
-    rl_config.textworld_study(c, names=registry.NAMES, smoke=arg.smoke)
-  else:
-    rl_config.hidden_rule_study(c, names=registry.NAMES, smoke=arg.smoke,
-                                pod=arg.preset == "pod")
+  c = rl_config.agent_study(arg, experiment="latr", names=registry.NAMES)
   c.loss = dict(eps_low=0.2, eps_high=0.2, agg="token-mean")
   # tree_rows: a tree's capacity at mix ratio 1 (the code's n); abs_thres, rel_thres:
   # latr.branch_candidates'; prune_steps, edit_dist_thres: latr.should_prune's windows (own

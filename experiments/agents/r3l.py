@@ -69,15 +69,7 @@ from agentrl import types
 
 def get_config(arg: str | None = None) -> mlc.ConfigDict:
   arg = configs.parse_arg(arg, preset="cpu", smoke=False)
-  if arg.preset not in ("cpu", "textworld", "pod"):
-    raise configs.ConfigError(f"unknown r3l preset {arg.preset!r}; use cpu (default), "
-                              "textworld, pod or smoke")
-  c = rl_config.rl_config("pod" if arg.preset == "pod" else "cpu", smoke=arg.smoke)
-  if arg.preset == "textworld":
-    rl_config.textworld_study(c, names=registry.NAMES, smoke=arg.smoke)
-  else:
-    rl_config.hidden_rule_study(c, names=registry.NAMES, smoke=arg.smoke,
-                                pod=arg.preset == "pod")
+  c = rl_config.agent_study(arg, experiment="r3l", names=registry.NAMES)
   c.loss = dict(eps_low=0.2, eps_high=0.2, agg="token-mean")
   # roots, retries: first attempts per prompt and retries per failed one; the restart rule's
   # switches: restart.first_failing_turn's; normalize, amplify: restart.r3l_scores'.
@@ -207,8 +199,6 @@ def make_rollout_fn(config, engine, tok, make_env, data, mesh):
     adv_BT, mask_BT = np.zeros((B, T), np.float32), np.zeros((B, T), np.float32)
     adv_BT[:real], mask_BT[:real] = restart.token_advantages(
         forest, reward, loss_mask_BT, normalize=sc.normalize, amplify=sc.amplify)
-    # The engine's sampled_tokens counts a retry's own tokens only; rollout_metrics' would
-    # count its shared prefix again, so the engine's goes last.
     host = {**collect.rollout_metrics(trajs), **metrics, **collect.batch_metrics(trajs, batch),
             **retry_metrics(trajs, mask_BT[:real], loss_mask_BT), "r3l/rows": float(real)}
     return loop.Rollout(batch=batch, metrics=host,

@@ -77,15 +77,7 @@ SEGMENTS = ("turns", "tokens")
 
 def get_config(arg: str | None = None) -> mlc.ConfigDict:
   arg = configs.parse_arg(arg, preset="cpu", smoke=False)
-  if arg.preset not in ("cpu", "textworld", "pod"):
-    raise configs.ConfigError(f"unknown spo_tree preset {arg.preset!r}; use cpu (default), "
-                              "textworld, pod or smoke")
-  c = rl_config.rl_config("pod" if arg.preset == "pod" else "cpu", smoke=arg.smoke)
-  if arg.preset == "textworld":
-    rl_config.textworld_study(c, names=registry.NAMES, smoke=arg.smoke)
-  else:
-    rl_config.hidden_rule_study(c, names=registry.NAMES, smoke=arg.smoke,
-                                pod=arg.preset == "pod")
+  c = rl_config.agent_study(arg, experiment="spo_tree", names=registry.NAMES)
   c.loss = dict(eps_low=0.2, eps_high=0.2, agg="token-mean")
   # roots: the prompt's children; branches: the extra children of a node at each fork (a node
   # has 1 + branches); depth: the fork levels below the roots (the code's 6-6-6 is roots 6,
@@ -235,8 +227,6 @@ def make_rollout_fn(config, engine, tok, make_env, data, mesh):
     sampled = tree_lib.owned_mask(forest, T)   # each sampled token once, on its owner row
     for b, t in enumerate(trajs):
       sampled[b, :len(t.tokens)] &= t.loss_mask[:T] > 0
-    # The engine's rollout/sampled_tokens counts each token once; rollout_metrics' would count
-    # a shared prefix again on every branch.
     host = {**collect.rollout_metrics(trajs), **metrics, **collect.batch_metrics(trajs, batch),
             "tree/rows": float(real), "tree/nodes_per_prompt": forest.num_nodes / len(seeds),
             "tree/signal_frac": float((sampled & keep_BT[:real]).sum() / max(sampled.sum(), 1))}

@@ -60,15 +60,7 @@ from agentrl import types
 
 def get_config(arg: str | None = None) -> mlc.ConfigDict:
   arg = configs.parse_arg(arg, preset="cpu", smoke=False)
-  if arg.preset not in ("cpu", "textworld", "pod"):
-    raise configs.ConfigError(f"unknown tree_rl preset {arg.preset!r}; use cpu (default), "
-                              "textworld, pod or smoke")
-  c = rl_config.rl_config("pod" if arg.preset == "pod" else "cpu", smoke=arg.smoke)
-  if arg.preset == "textworld":
-    rl_config.textworld_study(c, names=registry.NAMES, smoke=arg.smoke)
-  else:
-    rl_config.hidden_rule_study(c, names=registry.NAMES, smoke=arg.smoke,
-                                pod=arg.preset == "pod")
+  c = rl_config.agent_study(arg, experiment="tree_rl", names=registry.NAMES)
   c.loss = dict(eps_low=0.2, eps_high=0.2, agg="token-mean")
   # roots, fork_points, branches, iterations: EPTree's M, N, T, L; reweight and form:
   # treerl.node_rewards'; weighting: credit.tree.token_weights' mode.
