@@ -44,6 +44,7 @@ from agentrl.models import lora
 from agentrl.models import presets
 from agentrl.models import tokenizer as tokenizer_lib
 from agentrl.models import transformer
+from agentrl.records import trajectories
 from agentrl import sharding
 from agentrl.rollout import collect
 from agentrl.rollout import engine as engine_lib
@@ -66,7 +67,19 @@ def loop_options(config: mlc.ConfigDict) -> dict:
               stop_after_skipped=uc.stop_after_skipped,
               stop_after_collapsed=uc.stop_after_collapsed, sort_by_length=uc.sort_by_length,
               max_staleness=uc.max_staleness, off_policy=uc.off_policy,
-              off_policy_threshold=uc.off_policy_threshold)
+              off_policy_threshold=uc.off_policy_threshold,
+              trajectories=trajectory_settings(config), replay_batch=config.get("replay_batch", ""))
+
+
+def trajectory_settings(config: mlc.ConfigDict) -> trajectories.Settings:
+  """What the run records (config.log.trajectories_*): every -1 follows eval.every."""
+  lc, rc = config.log, config.rollout
+  every = lc.get("trajectories_every", -1)
+  return trajectories.Settings(
+      every=config.eval.every if every < 0 else every,
+      rows_per_group=lc.get("trajectories_rows_per_group", 4),
+      max_groups=lc.get("trajectories_groups", 16), keep=lc.get("trajectories_keep", 10),
+      prompts_per_step=rc.prompts_per_step, full_batch=lc.get("trajectories_batch", True))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -229,6 +242,11 @@ def warm_start(config: mlc.ConfigDict, workdir: str, mesh, graphdef, params, tok
   how = registry.check(config.task).sft
   if config.model.init != "scratch":
     return params, {}
+  replaying = bool(config.get("replay_batch", ""))
+  if replaying and not lora.has_adapters(params):
+    print("SFT warm start: skipped: a replay restores every parameter from the run's "
+          "checkpoint.", flush=True)
+    return params, {}
   if data is None and not how:
     print(f"SFT warm start: skipped, task.name={config.task.name!r} has no demonstrations; RL "
           "starts from the initial model.", flush=True)
@@ -237,6 +255,11 @@ def warm_start(config: mlc.ConfigDict, workdir: str, mesh, graphdef, params, tok
     base, info = warm_start(config, workdir, mesh, *lora.detach(graphdef, params), tok,
                             data=data)
     return lora.with_base(params, base), info
+  if replaying:  # the frozen base under the adapters is the replayed run's own SFT result
+    workdir = config.replay_batch.rpartition(":")[0]
+    if not checkpoint.saved_steps(os.path.join(workdir, "warm_start")):
+      raise configs.ConfigError(f"config.replay_batch={config.replay_batch!r}: {workdir} has "
+                                "no warm_start/ checkpoint, the SFT base its LoRA adapters sit on")
   ckpt = checkpoint.Checkpointer(os.path.join(workdir, "warm_start"), save_every=1, keep=1,
                                  async_save=False)
   if ckpt.latest_step() is not None:

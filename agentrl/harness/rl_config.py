@@ -161,7 +161,15 @@ def rl_config(preset: str = "cpu", *, smoke: bool = False) -> mlc.ConfigDict:
   c.eval = dict(num_problems=1000, every=25)
   c.mesh = dict(data=1, fsdp=1, tensor=1)
   c.sharding_rules = list(sharding.DEFAULT_RULES)
-  c.log = dict(save_every=25, keep=2, tensorboard=True, wandb_project="")
+  # trajectories_*: what the run records for reading, the viewer and replay (agentrl/records/
+  # trajectories.py): every (-1: eval.every; 0: off) steps from step 1, up to _groups groups
+  # of _rows_per_group rows each, the newest _keep steps, with _batch the whole batch too.
+  c.log = dict(save_every=25, keep=2, tensorboard=True, wandb_project="", trajectories_every=-1,
+               trajectories_rows_per_group=4, trajectories_groups=16, trajectories_keep=10,
+               trajectories_batch=True)
+  # "RUN_DIR:STEP": rerun step STEP's update of that run from its recorded batch and its
+  # checkpoint of STEP - 1 instead of training (loop.replay; --workdir is the replay's own).
+  c.replay_batch = ""
   if preset == "smollm2":
     c.total_steps = 3
     c.task.update(name="reasoning_gym", chat_template=True)
@@ -258,6 +266,12 @@ RL_SCHEMA = {
     "log.keep": configs.Key(int, min=1),
     "log.tensorboard": configs.Key(bool),
     "log.wandb_project": configs.Key(str),
+    "log.trajectories_every": configs.Key(int, min=-1),
+    "log.trajectories_rows_per_group": configs.Key(int, min=1),
+    "log.trajectories_groups": configs.Key(int, min=1),
+    "log.trajectories_keep": configs.Key(int, min=1),
+    "log.trajectories_batch": configs.Key(bool),
+    "replay_batch": configs.Key(str),
 }
 
 

@@ -229,9 +229,16 @@ def write_summary(workdir: str, result, *, name: str, start: float,
   update phases) and evaluations, summed over every step's record, so a resumed run reports
   the whole run. `extra` (JSON-able) is added to the summary as it is (e.g. OPD's
   `teacher_success`). A run that was already complete (this process ran no step) keeps its
-  summary.json and curves.png; the table is printed from them.
+  summary.json and curves.png; the table is printed from them. A replay (`loop.replay`)
+  writes {method, replay, step, update} (the replayed update's means) and no curves.
   """
   path = os.path.join(workdir, "summary.json")
+  if getattr(result, "replay", ""):  # a replayed update (loop.replay) trains no run
+    summary = {"method": name, "replay": result.replay, "step": result.step,
+               "update": result.records[-1]}
+    atomic_write(path, json.dumps(summary, indent=2))
+    unlock(workdir)
+    return summary
   if result.steps_run == 0 and os.path.exists(path):
     with open(path) as f:
       summary = json.load(f)

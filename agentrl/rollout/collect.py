@@ -29,6 +29,11 @@ class Rollout:
   metrics: dict[str, float]                # host scalars: reward, success, lengths, env counters
   extras: dict[str, Any] = dataclasses.field(default_factory=dict)  # e.g. greedy_reward_B
   lengths_B: np.ndarray | None = None      # host: real tokens per row (length-sorted updates)
+  # For the trajectory records (agentrl/records/trajectories.py): the host trajectories, one
+  # per batch row in order (their turn rewards, infos, branches), and the tokenizer whose
+  # decode gives each token's text. Records of a rollout without them hold ids and numbers.
+  trajectories: Sequence[agent_loop.Trajectory] | None = None
+  tokenizer: Any = None
 
 
 def trajectory_success(traj: agent_loop.Trajectory) -> bool:
@@ -90,4 +95,5 @@ def env_rollout(engine, params, tok, make_env: Callable[[], Any], seeds: Sequenc
   if greedy_baseline:
     greedy_B = np.repeat([t.reward for t in groups.baseline], group_size).astype(np.float32)
     extras["greedy_reward_B"] = jax.device_put(greedy_B, sharding)
-  return Rollout(batch=batch, metrics=host, extras=extras, lengths_B=row_lengths(trajs, batch))
+  return Rollout(batch=batch, metrics=host, extras=extras, lengths_B=row_lengths(trajs, batch),
+                 trajectories=trajs, tokenizer=tok)

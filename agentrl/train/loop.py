@@ -26,6 +26,7 @@ rollout is abandoned, a checkpoint save in flight is finished and the metrics fi
 from collections.abc import Callable, Mapping, Sequence
 import dataclasses
 import math
+import os
 import sys
 import time
 from typing import Any, Protocol
@@ -44,6 +45,7 @@ from agentrl.models import policy as policy_lib
 from agentrl.rollout import collect
 from agentrl.rollout import pack as pack_lib
 from agentrl.records import metrics as metrics_lib
+from agentrl.records import trajectories as trajectories_lib
 from agentrl.train import overlap
 from agentrl.train import shutdown
 from agentrl import types
@@ -78,19 +80,19 @@ def sampler_score(params, batch: types.Batch) -> tuple[types.Batch, dict]:
 
 
 def make_score_step(graphdef, *, temperature: float, logprob_impl: str = "auto",
-                    with_ref: bool = False, keep_entropy: bool = False) -> Callable:
+                    with_ref: bool = False) -> Callable:
   """score_step(params, ref_params, batch) -> (batch, metrics); pure, jit it in the experiment.
 
   Fills `old_logp_BT` with the learner's own log-probs of the behaviour policy (the ratio's
-  denominator) and, with `with_ref`, `ref_logp_BT` from the frozen reference params, which
+  denominator), `entropy_BT` with pi_old's per-token entropy (for an advantage step that
+  selects or weighs tokens by it, experiments/shaping/d3s.py, and for the trajectory records)
+  and, with `with_ref`, `ref_logp_BT` from the frozen reference params, which
   stay a separate non-donated argument (docs/style.md C4); ref_params=None with LoRA params
   (`recipe.reference_params`) scores their frozen base with the adapters off. Metrics:
   `logp_mismatch` (mean |learner - sampler| log-prob over policy tokens, ~0 in float32),
   `entropy` (token-mean, of pi_old), and with a reference `kl` (token-mean k3 estimate of
   KL(pi_old || pi_ref) on the sampled tokens). These names are the score step's in every
   experiment: a loss's own KL or entropy is `kl_loss` / `entropy_loss` (docs/metrics.md).
-  With `keep_entropy` the batch also keeps the per-token entropy of pi_old (`entropy_BT`), for
-  an advantage step that selects or weighs tokens by it (experiments/shaping/d3s.py).
   """
 
   def logprobs(params, batch, return_entropy, adapters_off=False):
@@ -114,7 +116,7 @@ def make_score_step(graphdef, *, temperature: float, logprob_impl: str = "auto",
       metrics["kl"] = aggregation.aggregate(kl.kl_penalty(old_logp_BT, ref_logp_BT, "k3"),
                                             mask_BT, "token-mean")
     return batch.replace(old_logp_BT=old_logp_BT, ref_logp_BT=ref_logp_BT,
-                         entropy_BT=entropy_BT if keep_entropy else batch.entropy_BT), metrics
+                         entropy_BT=entropy_BT), metrics
 
   return score_step
 
@@ -203,6 +205,7 @@ class Result:
   evals: dict[str, dict[str, float]]       # str(step) -> eval metrics, including step "0"
   wall_seconds: float                      # this process's wall time in `run`
   steps_run: int = 0                       # steps this process ran (0: it was already done)
+  replay: str = ""                         # "RUN_DIR:STEP" of a replay (`replay`), else ""
 
 
 # ---- When the loop stops a run: every update skipped, or a collapsed policy, for many steps.
@@ -302,7 +305,8 @@ def run(state, *, rng: jax.Array, total_steps: int, workdir: str,
         console: bool = True, heartbeat_s: float = 30.0, stop_after_skipped: int = 10,
         stop_after_collapsed: int = 20, entropy_floor: float = 1e-3,
         rollout_input: Callable[[Any], Any] | None = None, max_staleness: int = 0,
-        off_policy: str = "token_tis", off_policy_threshold: float = 2.0) -> Result:
+        off_policy: str = "token_tis", off_policy_threshold: float = 2.0,
+        trajectories: trajectories_lib.Settings | None = None, replay_batch: str = "") -> Result:
   """Runs RL steps 1..total_steps from scratch or from the newest checkpoint in workdir/ckpt.
 
   Args:
@@ -340,7 +344,18 @@ def run(state, *, rng: jax.Array, total_steps: int, workdir: str,
     off_policy, off_policy_threshold: with k > 0, the correction of the stale rows
       (`overlap.off_policy_correction`: token_tis, sequence_tis, token_mask, sequence_mask,
       none) and its threshold.
+    trajectories: what to record of the record steps (agentrl/records/trajectories.py): a
+      sample of rows for reading and the viewer, and the whole scored batch for replay; the
+      checkpoint of the step before each record step is always saved, the state a replay
+      starts from. None or every = 0: nothing.
+    replay_batch: "RUN_DIR:STEP": instead of training, rerun step STEP's update of the run in
+      RUN_DIR from its recorded batch and its checkpoint of step STEP - 1 (`replay`).
   """
+  if replay_batch:
+    return replay(state, replay_batch, update_fn, rng=rng, epochs=epochs,
+                  num_minibatches=num_minibatches, shuffle=shuffle,
+                  sort_by_length=sort_by_length, console=console)
+  rec = trajectories if trajectories is not None and trajectories.every > 0 else None
   start = time.perf_counter()
   ckpt = checkpoint_lib.Checkpointer(f"{workdir}/ckpt", save_every=save_every, keep=keep,
                                      keep_period=keep_period, async_save=async_save)
@@ -360,6 +375,8 @@ def run(state, *, rng: jax.Array, total_steps: int, workdir: str,
       data.restore(meta["data"])
     pending = (tree["pending"], meta["pending"]) if k else None
     print(f"Resumed from {ckpt.directory} at step {step}.", flush=True)
+  if rec is not None and jax.process_index() == 0:
+    trajectories_lib.truncate(workdir, step)  # a killed run's later records are rewritten
   producer = overlap.RolloutProducer(rollout_fn, rng=rng, max_staleness=k,
                                      total_steps=total_steps, data=data)
   if pending is not None:
@@ -379,16 +396,22 @@ def run(state, *, rng: jax.Array, total_steps: int, workdir: str,
       while step < total_steps:
         shutdown.check()  # an interrupt whose exception Python swallowed stops the run here
         step += 1
-        state, record = _step(state, step, rng, producer, score_fn, advantage_fn, update_fn,
-                              epochs=epochs, num_minibatches=num_minibatches, shuffle=shuffle,
-                              sort_by_length=sort_by_length, beat=beat, inputs_of=inputs_of,
-                              correct=correct, score_minibatches=score_minibatches)
+        state, record, batch, rollout = _step(
+            state, step, rng, producer, score_fn, advantage_fn, update_fn,
+            epochs=epochs, num_minibatches=num_minibatches, shuffle=shuffle,
+            sort_by_length=sort_by_length, beat=beat, inputs_of=inputs_of, correct=correct,
+            score_minibatches=score_minibatches)
         if evaluate is not None and (step == total_steps or
                                      (eval_every and step % eval_every == 0)):
           producer.drain()  # the rollout thread and evaluation share the engine
           evals[str(step)] = _evaluate(evaluate, state.params, beat, f"step {step}: evaluation")
           record.update(evals[str(step)])
         writer.write(step, record, note="includes compilation" if step == first_step else "")
+        if rec is not None and trajectories_lib.is_record_step(step, rec.every):
+          trajectories_lib.record(workdir, step, batch, settings=rec,
+                                  trajectories=rollout.trajectories,
+                                  tokenizer=rollout.tokenizer, metrics=record)
+        del batch, rollout
         trouble = unhealthy(record, epochs * num_minibatches, entropy_floor)
         streak = {k: streak[k] + 1 if k == trouble else 0 for k in streak}
         if trouble and limits[trouble] and streak[trouble] >= limits[trouble]:
@@ -403,7 +426,10 @@ def run(state, *, rng: jax.Array, total_steps: int, workdir: str,
             tree["pending"] = producer.pending_tree(step)
             meta.update(pending=producer.pending_meta(step), data=producer.data_state)
           with shutdown.deferred():  # an interrupt never leaves a save half-started
-            saved = ckpt.save(step, tree, meta, force=step == total_steps)
+            # The step before a record step is a replay's starting state: always saved.
+            replay_start = rec is not None and rec.full_batch and trajectories_lib.is_record_step(
+                step + 1, rec.every)
+            saved = ckpt.save(step, tree, meta, force=step == total_steps or replay_start)
           last_saved = step if saved else last_saved
   except KeyboardInterrupt:
     interrupted = True
@@ -414,6 +440,90 @@ def run(state, *, rng: jax.Array, total_steps: int, workdir: str,
                 evals={k: {m: v for m, v in e.items() if m != "time/eval"}
                        for k, e in evals.items()},
                 wall_seconds=time.perf_counter() - start, steps_run=step - first_step + 1)
+
+
+class ReplayError(ValueError):
+  """A replay that cannot run: a bad RUN_DIR:STEP, or its batch or checkpoint is missing."""
+
+
+def parse_replay(spec: str) -> tuple[str, int]:
+  """"RUN_DIR:STEP" -> (RUN_DIR, STEP); ReplayError naming the value otherwise."""
+  run_dir, _, step = spec.rpartition(":")
+  if not run_dir or not step.isdigit() or int(step) < 1:
+    raise ReplayError(f"config.replay_batch={spec!r} must be RUN_DIR:STEP (a run directory and "
+                      "a record step >= 1, e.g. /tmp/run:26)")
+  return run_dir, int(step)
+
+
+def replay(state, spec: str, update_fn, *, rng: jax.Array, epochs: int = 1, num_minibatches: int = 1,
+           shuffle: bool = True, sort_by_length: bool = False, console: bool = True) -> Result:
+  """Reruns step STEP's update of the run in RUN_DIR (`spec` = "RUN_DIR:STEP") without a
+  rollout: the train state and rng of its checkpoint of step STEP - 1, the batch it recorded
+  at STEP (tokens, log-probs, advantages: `trajectories.read_batch`), the same minibatches.
+
+  Prints each update's loss and gradient norms beside the means the run logged for the step,
+  and, when the run kept its checkpoint of STEP, the largest difference between the replayed
+  params and those. Returns a Result whose one record holds the replayed update's means
+  (`replay/param_max_abs_diff` too when compared). The update settings are the caller's: keep
+  the run's to reproduce it, change the loss to see what another objective would have done.
+  """
+  start = time.perf_counter()
+  run_dir, step = parse_replay(spec)
+  have = trajectories_lib.batch_steps(run_dir)
+  if step not in have:
+    raise ReplayError(f"{run_dir} has no recorded batch of step {step}; steps with one: "
+                      f"{have or 'none'} (config.log.trajectories_every records them)")
+  saved = checkpoint_lib.saved_steps(f"{run_dir}/ckpt")
+  if step - 1 not in saved:
+    raise ReplayError(f"{run_dir}/ckpt has no checkpoint of step {step - 1}, the state step "
+                      f"{step}'s update started from; saved: {saved or 'none'}; replayable "
+                      f"steps: {[s for s in have if s - 1 in saved] or 'none'}")
+  ckpt = checkpoint_lib.Checkpointer(f"{run_dir}/ckpt", save_every=1, keep=None,
+                                     async_save=False)
+  template = {"state": lora.trainable(state), "rng": rng}
+  try:
+    tree, _ = ckpt.restore(template, step=step - 1)
+    after = ckpt.restore(template, step=step)[0] if step in saved else None
+  finally:
+    ckpt.close()
+  state, rng = lora.combine(state, tree["state"]), tree["rng"]
+  batch = trajectories_lib.to_batch(trajectories_lib.read_batch(run_dir, step))
+  lengths_B = np.asarray(batch.input_mask_BT).sum(axis=1) if sort_by_length else None
+  state, per_update = update_phase(state, batch, update_fn, step=step, rng=rng, epochs=epochs,
+                                   num_minibatches=num_minibatches, shuffle=shuffle,
+                                   lengths_B=lengths_B)
+  host = jax.device_get(per_update)
+  record = _mean_metrics(per_update)
+  if after is not None:
+    diffs = jax.tree.leaves(jax.tree.map(
+        lambda a, b: float(jnp.max(jnp.abs(a.astype(jnp.float32) - b.astype(jnp.float32)))),
+        lora.trainable(state).params, after["state"].params))
+    record["replay/param_max_abs_diff"] = max(diffs, default=0.0)
+  logged = next((r for r in metrics_lib.read_jsonl(f"{run_dir}/metrics.jsonl")
+                 if r.get("step") == step), {}) if os.path.exists(f"{run_dir}/metrics.jsonl") else {}
+  if console:
+    print(replay_table(step, host, record, logged), flush=True)
+  return Result(state=state, step=step, records=[{"step": step, **record}], evals={},
+                wall_seconds=time.perf_counter() - start, steps_run=0, replay=spec)
+
+
+def replay_table(step: int, per_update: Sequence[Mapping[str, Any]], means: Mapping[str, float],
+                 logged: Mapping[str, Any]) -> str:
+  """The replay's printout: loss and gradient norms per update, their means, the run's."""
+  keys = [k for k in per_update[0] if k == "loss" or k.endswith("grad_norm") or k == "skipped"]
+  lines = [f"Replayed step {step}: {len(per_update)} update(s) on the recorded batch.",
+           "update  " + "  ".join(f"{k:>14}" for k in keys)]
+  for i, m in enumerate(per_update):
+    lines.append(f"{i:>6}  " + "  ".join(f"{float(m[k]):>14.6g}" for k in keys))
+  lines.append("  mean  " + "  ".join(f"{means[k]:>14.6g}" for k in keys))
+  if logged:
+    lines.append("logged  " + "  ".join(
+        f"{logged[k]:>14.6g}" if isinstance(logged.get(k), (int, float)) else f"{'-':>14}"
+        for k in keys))
+  if "replay/param_max_abs_diff" in means:
+    lines.append(f"params after the replay vs the run's checkpoint of step {step}: max |diff| = "
+                 f"{means['replay/param_max_abs_diff']:.3g}")
+  return "\n".join(lines)
 
 
 def _close(producer, ckpt, writer, *, interrupted: bool) -> None:
@@ -459,11 +569,9 @@ def _step(state, step, rng, producer, score_fn, advantage_fn, update_fn, *, epoc
   time its making took).
   """
   marks = [time.perf_counter()]
-  shuffle_rng = jax.random.split(jax.random.fold_in(rng, step))[1]  # [0]: overlap.rollout_key
   beat.phase(f"step {step}: rollout")
   rollout, busy = producer.take(step, inputs_of(state))
   marks.append(time.perf_counter())
-  keys = [jax.random.fold_in(shuffle_rng, epoch) if shuffle else None for epoch in range(epochs)]
   # Between the rollout's explicit device_put and the metrics' device_get everything stays on
   # device (docs/style.md C9); an accidental host round trip here fails loudly.
   beat.phase(f"step {step}: score")
@@ -478,17 +586,10 @@ def _step(state, step, rng, producer, score_fn, advantage_fn, update_fn, *, epoc
   jax.block_until_ready(batch)
   marks.append(time.perf_counter())
   beat.phase(f"step {step}: update")
-  if sort_by_length and rollout.lengths_B is not None:
-    parts = [mb for epoch in range(epochs) for mb in length_sorted_minibatches(
-        batch, rollout.lengths_B, num=num_minibatches, seed=(step, epoch) if shuffle else None)]
-  else:
-    parts = [mb for key in keys
-             for mb in minibatches(batch, num=num_minibatches, rng=key)]
-  per_update = []
-  with jax.transfer_guard("disallow"):
-    for part in parts:
-      state, update_metrics = update_fn(state, part)
-      per_update.append(update_metrics)
+  state, per_update = update_phase(
+      state, batch, update_fn, step=step, rng=rng, epochs=epochs,
+      num_minibatches=num_minibatches, shuffle=shuffle,
+      lengths_B=rollout.lengths_B if sort_by_length else None)
   # Every update of the step is dispatched before the one device_get: the next rollout needs
   # the new params anyway, so deferring the fetch further would buy no overlap.
   update_metrics = _mean_metrics(per_update)
@@ -509,4 +610,29 @@ def _step(state, step, rng, producer, score_fn, advantage_fn, update_fn, *, epoc
   if "rollout/batch_tokens" in rollout.metrics:  # real (non-padding) tokens of the batch
     record["update/tokens_per_s"] = (epochs * rollout.metrics["rollout/batch_tokens"]
                                      / times["time/update"])
-  return state, record
+  return state, record, batch, rollout
+
+
+def update_phase(state, batch: types.Batch, update_fn, *, step: int, rng: jax.Array,
+                 epochs: int, num_minibatches: int, shuffle: bool,
+                 lengths_B: np.ndarray | None = None) -> tuple[Any, list[dict]]:
+  """Step `step`'s updates on its scored batch: (state, each update's device metrics).
+
+  `epochs` passes of `num_minibatches` updates, the rows shuffled by keys drawn from
+  (rng, step, epoch) when `shuffle`; with `lengths_B` (host, real tokens per row) the
+  minibatches are `length_sorted_minibatches`. A replay (`replay`) calls it with the step's
+  recorded batch and the run's rng to repeat the step's updates exactly.
+  """
+  shuffle_rng = jax.random.split(jax.random.fold_in(rng, step))[1]  # [0]: overlap.rollout_key
+  if lengths_B is not None:
+    parts = [mb for epoch in range(epochs) for mb in length_sorted_minibatches(
+        batch, lengths_B, num=num_minibatches, seed=(step, epoch) if shuffle else None)]
+  else:
+    keys = [jax.random.fold_in(shuffle_rng, e) if shuffle else None for e in range(epochs)]
+    parts = [mb for key in keys for mb in minibatches(batch, num=num_minibatches, rng=key)]
+  per_update = []
+  with jax.transfer_guard("disallow"):
+    for part in parts:
+      state, update_metrics = update_fn(state, part)
+      per_update.append(update_metrics)
+  return state, per_update

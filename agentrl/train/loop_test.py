@@ -378,7 +378,7 @@ class HelpersTest(absltest.TestCase):
 
 class ScoreStepTest(absltest.TestCase):
 
-  def test_keep_entropy_stores_the_entropy_of_pi_old(self):
+  def test_score_step_stores_the_entropy_of_pi_old(self):
     cfg = transformer.Config.named("tiny", vocab=16, width=16, depth=1, heads=2, kv_heads=2,
                                    head_dim=8, mlp=32)
     graphdef, params = testing.random_params(cfg)
@@ -389,14 +389,11 @@ class ScoreStepTest(absltest.TestCase):
     logp_BT, entropy_BT = policy_lib.token_logprobs(
         nnx.merge(graphdef, params), batch.tokens_BT, batch.positions_BT, batch.input_mask_BT,
         temperature=0.7, return_entropy=True, impl="xla")
-    kept, _ = loop.make_score_step(graphdef, temperature=0.7, logprob_impl="xla",
-                                   keep_entropy=True)(params, None, batch)
+    kept, _ = loop.make_score_step(graphdef, temperature=0.7, logprob_impl="xla")(
+        params, None, batch)
     np.testing.assert_allclose(kept.entropy_BT, entropy_BT, rtol=1e-6)
     np.testing.assert_allclose(kept.old_logp_BT, logp_BT, rtol=1e-6)
     self.assertGreater(float(entropy_BT[:, 3:].min()), 0.0)
-    plain, _ = loop.make_score_step(graphdef, temperature=0.7, logprob_impl="xla")(
-        params, None, batch)
-    self.assertIsNone(plain.entropy_BT)
 
   def test_sampler_score_takes_pi_old_from_the_rollout(self):
     sampler_logp_BT = -jnp.arange(12.0).reshape(2, 6) / 10

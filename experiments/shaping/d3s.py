@@ -131,7 +131,7 @@ def train(config: mlc.ConfigDict, workdir: str) -> dict:
   # ---- Jitted steps: scoring keeps pi_old's per-token entropy for the token selection.
   score_step = jax.jit(loop.make_score_step(graphdef, temperature=rc.temperature,
                                             logprob_impl=config.model.logprob_impl,
-                                            with_ref=True, keep_entropy=True))
+                                            with_ref=True))
   update_step = jax.jit(loop.skip_nonfinite(make_update_step(config, graphdef, tx)),
                         donate_argnames="state", out_shardings=(state_shardings, None))
 

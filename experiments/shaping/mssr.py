@@ -13,7 +13,7 @@ Beta(a, b) posterior of its success rate, from the prior Beta(1, 1) [INF: `loss.
 rewards are the verifier's binary ones. [INF] Entropy shaping:
   A'_{i,t} = A_i clip(1 + c z_i, 1 - m, 1 + m) on the response tokens,
 z_i the batch z-score of response i's mean token entropy under pi_old (kept by the score step,
-`loop.make_score_step(keep_entropy=True)`), c = `loss.entropy_coef` = 0.1, m =
+`loop.make_score_step`), c = `loss.entropy_coef` = 0.1, m =
 `loss.entropy_bound` = 0.5; c = 0 is the plain Beta-baseline advantage
 (`exploration.mssr_advantage`). Then GRPO's PPO clip, optional KL and aggregation.
 
@@ -213,7 +213,7 @@ def train(config: mlc.ConfigDict, workdir: str) -> dict:
   # inside the update (it reads the posterior).
   score_step = jax.jit(loop.make_score_step(graphdef, temperature=rc.temperature,
                                             logprob_impl=config.model.logprob_impl,
-                                            with_ref=True, keep_entropy=True))
+                                            with_ref=True))
   update_step = jax.jit(loop.skip_nonfinite(make_update_step(config, graphdef, tx)),
                         donate_argnames="state", out_shardings=(state_shardings, None))
 
