@@ -22,7 +22,8 @@ checks is skipped with a message saying why, and the newest one that passes is u
 
 Tested with orbax-checkpoint 0.12.8 on jax 0.10.2 and jax 0.12.
 """
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+import dataclasses
 import json
 import logging
 import os
@@ -31,6 +32,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import orbax.checkpoint as ocp
+from orbax.checkpoint.checkpoint_managers import preservation_policy as preservation
 
 
 class _DropOrbaxInfo(logging.Filter):
@@ -136,6 +138,16 @@ def _structure_mismatch(saved: Any, template: Any) -> str:
   return ""
 
 
+@dataclasses.dataclass
+class _KeepIf(preservation.PreservationPolicy):
+  """Keeps the checkpoints whose step `keep(step)` accepts."""
+  keep: Callable[[int], bool]
+
+  def should_preserve(self, checkpoints, *, context) -> list[bool]:
+    del context
+    return [bool(self.keep(int(c.step))) for c in checkpoints]
+
+
 class Checkpointer:
   """A small wrapper over `ocp.CheckpointManager` with a state pytree and a JSON meta dict.
 
@@ -150,7 +162,8 @@ class Checkpointer:
   """
 
   def __init__(self, directory: str, *, save_every: int, keep: int | None = 3,
-               keep_period: int | None = None, async_save: bool = True):
+               keep_period: int | None = None, async_save: bool = True,
+               keep_if: Callable[[int], bool] | None = None):
     """Opens (or creates) the checkpoint directory.
 
     Args:
@@ -160,6 +173,8 @@ class Checkpointer:
       keep_period: steps divisible by it are kept besides the newest `keep` (e.g. the
         evaluation steps, so `experiments.eval --config.step=N` finds them); None or 0: none.
       async_save: write in a background thread; `close` waits for it.
+      keep_if: step -> whether to keep it besides those (asked again at every save; e.g. the
+        loop keeps the start of each replayable record step while its batch is on disk).
     """
     if save_every < 1:
       raise ValueError(f"save_every must be >= 1, got {save_every}")
@@ -168,8 +183,13 @@ class Checkpointer:
     self.directory = os.path.abspath(directory)
     self.save_every = save_every
     logging.getLogger("absl").addFilter(_FILTER)  # idempotent: the same filter object
+    policies = [preservation.LatestN(n=keep)]
+    if keep_period:
+      policies.append(preservation.EveryNSteps(interval_steps=keep_period))
+    if keep_if is not None:
+      policies.append(_KeepIf(keep_if))
     options = ocp.CheckpointManagerOptions(
-        max_to_keep=keep, keep_period=keep_period or None,
+        preservation_policy=preservation.AnyPreservationPolicy(policies),
         enable_async_checkpointing=async_save, cleanup_tmp_directories=True, create=True)
     # Handlers named up front, so a reopened manager can read metadata before any save.
     self._manager = ocp.CheckpointManager(

@@ -122,6 +122,7 @@ def group_rollout_fn(config: mlc.ConfigDict, engine, tok, make_env, data, mesh,
     host |= collect.rollout_metrics(trajs) | collect.batch_metrics(trajs, batch)
     extras = {k: jax.device_put(np.asarray(v), rows) for k, v in labels.extras.items()}
     return loop.Rollout(batch=batch, metrics=host, extras=extras,
-                        lengths_B=collect.row_lengths(trajs, batch))
+                        lengths_B=collect.row_lengths(trajs, batch), trajectories=trajs,
+                        tokenizer=tok)
 
   return rollout_fn

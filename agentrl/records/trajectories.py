@@ -358,11 +358,17 @@ def record(run_dir: str, step: int, batch: Any, *, settings: Settings,
            trajectories: Sequence[Any] | None = None, tokenizer: Any = None,
            metrics: Mapping[str, Any] | None = None) -> str:
   """Writes step `step`'s records from its scored device batch (every process calls it; the
-  first one writes); returns the JSONL path ("" on other processes)."""
+  first one writes); returns the JSONL path ("" on other processes).
+
+  `trajectories` (one per batch row, in order) and `tokenizer` are the rollout's
+  (`collect.Rollout`); rows past the end of `trajectories` are padding and not recorded.
+  """
   arrays = host_batch(batch)
   if jax.process_index() != 0:
     return ""
   real_B = arrays["input_mask_BT"].any(axis=1)
+  if trajectories is not None:  # rows past the rollout's trajectories pad the batch
+    real_B[len(trajectories):] = False
   B, P = len(real_B), settings.prompts_per_step
   group_size = B // P if P and B % P == 0 else 1
   reward_B = arrays.get("reward_B", np.zeros(B, np.float32))

@@ -355,10 +355,15 @@ def run(state, *, rng: jax.Array, total_steps: int, workdir: str,
     return replay(state, replay_batch, update_fn, rng=rng, epochs=epochs,
                   num_minibatches=num_minibatches, shuffle=shuffle,
                   sort_by_length=sort_by_length, console=console)
-  rec = trajectories if trajectories is not None and trajectories.every > 0 else None
   start = time.perf_counter()
+  rec = trajectories if trajectories is not None and trajectories.every > 0 else None
+  # The state a record step started from stays while its batch is on disk (replay's start).
+  replay_start = None if rec is None or not rec.full_batch else (
+      lambda s: trajectories_lib.is_record_step(s + 1, rec.every) and
+      os.path.exists(trajectories_lib.batch_path(workdir, s + 1)))
   ckpt = checkpoint_lib.Checkpointer(f"{workdir}/ckpt", save_every=save_every, keep=keep,
-                                     keep_period=keep_period, async_save=async_save)
+                                     keep_period=keep_period, async_save=async_save,
+                                     keep_if=replay_start)
   step, evals, k = 0, {}, max_staleness
   inputs_of = (lambda s: s.params) if rollout_input is None else rollout_input
   correct = jax.jit(overlap.off_policy_correction(off_policy, off_policy_threshold)) if k else None
@@ -427,9 +432,9 @@ def run(state, *, rng: jax.Array, total_steps: int, workdir: str,
             meta.update(pending=producer.pending_meta(step), data=producer.data_state)
           with shutdown.deferred():  # an interrupt never leaves a save half-started
             # The step before a record step is a replay's starting state: always saved.
-            replay_start = rec is not None and rec.full_batch and trajectories_lib.is_record_step(
+            starts = rec is not None and rec.full_batch and trajectories_lib.is_record_step(
                 step + 1, rec.every)
-            saved = ckpt.save(step, tree, meta, force=step == total_steps or replay_start)
+            saved = ckpt.save(step, tree, meta, force=step == total_steps or starts)
           last_saved = step if saved else last_saved
   except KeyboardInterrupt:
     interrupted = True

@@ -29,7 +29,9 @@ from agentrl.models import testing
 from agentrl.models import transformer
 from agentrl.rollout import agent_loop
 from agentrl.rollout import pack as pack_lib
+from agentrl import checkpoint
 from agentrl.records import metrics as metrics_lib
+from agentrl.records import trajectories
 from agentrl.train import loop
 from agentrl import types
 
@@ -201,6 +203,60 @@ class RunTest(absltest.TestCase):
     self.assertEqual(_reproducible(resumed.records), _reproducible(full.records))
     self.assertEqual(resumed.evals, full.evals)
     np.testing.assert_array_equal(resumed.state.params["logits"], full.state.params["logits"])
+
+
+class RecordsAndReplayTest(absltest.TestCase):
+
+  def test_record_steps_keep_their_start_checkpoint_and_replay_equals_the_update(self):
+    workdir = _tmpdir(self)
+    rec = trajectories.Settings(every=2, rows_per_group=2, max_groups=2, prompts_per_step=P)
+    run = _Bandit().run(workdir, total_steps=5, save_every=10, num_minibatches=2, epochs=2,
+                        trajectories=rec)
+    self.assertEqual(trajectories.steps(workdir), [1, 3, 5])
+    self.assertEqual(trajectories.batch_steps(workdir), [1, 3, 5])
+    # Step 2, the state step 3 started from, is saved although save_every is 10.
+    self.assertIn(2, checkpoint.saved_steps(f"{workdir}/ckpt"))
+    header, rows = trajectories.read_step(workdir, 3)
+    self.assertEqual((header["rows_in_batch"], header["group_size"], len(rows)), (B, G, 4))
+    self.assertEqual(header["metrics"]["loss"], run.records[3]["loss"])
+    self.assertEqual({r["group"] for r in rows}, {0, P - 1})
+    self.assertEqual(rows[0]["adv"][1], round(rows[0]["adv"][1], 5))
+    replay_dir = _tmpdir(self)
+    with mock.patch("sys.stdout", new_callable=io.StringIO) as out:
+      replayed = _Bandit().run(replay_dir, total_steps=5, num_minibatches=2, epochs=2,
+                               replay_batch=f"{workdir}:5", console=True)
+    logged = run.records[5]
+    self.assertEqual(replayed.replay, f"{workdir}:5")
+    for key in ("loss", "grad_norm"):
+      self.assertEqual(replayed.records[0][key], logged[key])
+    self.assertEqual(replayed.records[0]["replay/param_max_abs_diff"], 0.0)
+    np.testing.assert_array_equal(replayed.state.params["logits"], run.state.params["logits"])
+    self.assertIn("Replayed step 5: 4 update(s)", out.getvalue())
+    self.assertFalse(os.path.exists(f"{replay_dir}/metrics.jsonl"))  # a replay trains nothing
+
+  def test_replay_errors_name_what_exists(self):
+    workdir = _tmpdir(self)
+    rec = trajectories.Settings(every=2, prompts_per_step=P)
+    _Bandit().run(workdir, total_steps=3, save_every=10, trajectories=rec)
+    with self.assertRaisesRegex(loop.ReplayError, r"no recorded batch of step 2.*\[1, 3\]"):
+      _Bandit().run(_tmpdir(self), total_steps=3, replay_batch=f"{workdir}:2")
+    with self.assertRaisesRegex(loop.ReplayError, "no checkpoint of step 0.*replayable steps: "
+                                r"\[3\]"):
+      _Bandit().run(_tmpdir(self), total_steps=3, replay_batch=f"{workdir}:1")
+    with self.assertRaisesRegex(loop.ReplayError, "must be RUN_DIR:STEP"):
+      _Bandit().run(_tmpdir(self), total_steps=3, replay_batch=workdir)
+
+  def test_resume_rewrites_the_records_after_its_checkpoint(self):
+    workdir = _tmpdir(self)
+    rec = trajectories.Settings(every=1, prompts_per_step=P)
+    _Bandit().run(workdir, total_steps=3, save_every=2, trajectories=rec)
+    first = trajectories.read_step(workdir, 3)[1]
+    shutil.rmtree(f"{workdir}/ckpt/3")  # killed after step 3 wrote its records
+    self.assertEqual(trajectories.steps(workdir), [1, 2, 3])
+    with mock.patch.object(trajectories, "truncate", wraps=trajectories.truncate) as cut:
+      _Bandit().run(workdir, total_steps=3, save_every=2, trajectories=rec)
+    cut.assert_called_once_with(workdir, 2)
+    self.assertEqual(trajectories.read_step(workdir, 3)[1], first)
 
 
 class OverlapTest(absltest.TestCase):

@@ -334,7 +334,8 @@ def make_rollout_fn(config, engine, tok, make_env, data, mesh):
              "latr/fill_rows": float(len(fill_seeds))}
     return loop.Rollout(batch=batch, metrics=host,
                         extras=jax.device_put({"adv_B": adv_B, "keep_B": keep_B}, rows),
-                        lengths_B=collect.row_lengths(padded, batch))
+                        lengths_B=collect.row_lengths(padded, batch), trajectories=kept,
+                        tokenizer=tok)
 
   return rollout_fn
 

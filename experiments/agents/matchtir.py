@@ -213,7 +213,8 @@ def make_rollout_fn(config, engine, tok, make_env, data, mesh):
             **collect.batch_metrics(trajs, batch),
             "rollout/calls_per_episode": calls / len(trajs)}
     extras = jax.device_put({"turn_reward_BU": reward_BU, "turn_mask_BU": mask_BU}, rows)
-    return loop.Rollout(batch=batch, metrics=host, extras=extras)
+    return loop.Rollout(batch=batch, metrics=host, extras=extras, trajectories=trajs,
+                        tokenizer=tok)
 
   return rollout_fn
 

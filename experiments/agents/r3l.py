@@ -203,7 +203,8 @@ def make_rollout_fn(config, engine, tok, make_env, data, mesh):
             **retry_metrics(trajs, mask_BT[:real], loss_mask_BT), "r3l/rows": float(real)}
     return loop.Rollout(batch=batch, metrics=host,
                         extras=jax.device_put({"adv_BT": adv_BT, "mask_BT": mask_BT}, rows),
-                        lengths_B=collect.row_lengths(padded, batch))
+                        lengths_B=collect.row_lengths(padded, batch), trajectories=trajs,
+                        tokenizer=tok)
 
   return rollout_fn
 

@@ -240,7 +240,8 @@ def make_rollout_fn(config, engine, tok, make_env, data, mesh, score_fn):
     extras = jax.device_put(
         {"value_BK": value_BK, "cut_BK": cut_BK, "cut_valid_BK": valid_BK}, rows)
     return loop.Rollout(batch=batch, metrics=host, extras=extras,
-                        lengths_B=collect.row_lengths(trajs, batch))
+                        lengths_B=collect.row_lengths(trajs, batch), trajectories=trajs,
+                        tokenizer=tok)
 
   return rollout_fn
 

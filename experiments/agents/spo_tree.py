@@ -232,7 +232,8 @@ def make_rollout_fn(config, engine, tok, make_env, data, mesh):
             "tree/signal_frac": float((sampled & keep_BT[:real]).sum() / max(sampled.sum(), 1))}
     return loop.Rollout(batch=batch, metrics=host,
                         extras=jax.device_put({"adv_BT": adv_BT, "keep_BT": keep_BT}, rows),
-                        lengths_B=collect.row_lengths(padded, batch))
+                        lengths_B=collect.row_lengths(padded, batch), trajectories=trajs,
+                        tokenizer=tok)
 
   return rollout_fn
 

@@ -181,7 +181,8 @@ def make_rollout_fn(config, engine, tok, make_env, data, mesh):
             "tree/rows": float(real), "tree/nodes_per_prompt": forest.num_nodes / len(seeds)}
     return loop.Rollout(batch=batch, metrics=host,
                         extras=jax.device_put({"adv_BT": adv_BT, "weight_BT": weight_BT}, rows),
-                        lengths_B=collect.row_lengths(padded, batch))
+                        lengths_B=collect.row_lengths(padded, batch), trajectories=trajs,
+                        tokenizer=tok)
 
   return rollout_fn
 

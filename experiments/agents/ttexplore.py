@@ -299,7 +299,8 @@ def make_rollout_fn(config, engine, tok, make_env, data, mesh):
     return loop.Rollout(batch=batch, metrics=metrics,
                         extras=jax.device_put({"actor_mask_BT": actor_mask_BT,
                                                "kept_turn_B": kept_B}, rows),
-                        lengths_B=collect.row_lengths(trajs, batch))
+                        lengths_B=collect.row_lengths(trajs, batch), trajectories=trajs,
+                        tokenizer=tok)
 
   return rollout_fn
 

@@ -182,7 +182,8 @@ def brpo_rollout_fn(config, engine, tok, make_env, data, mesh, budgets):
     batch = pack.pack(trajs, max_len=rc.max_len, pad_id=tok.pad_id, min_len=rc.max_len,
                       sharding=rows)
     return loop.Rollout(batch=batch, metrics=rollout_metrics(out, trajs, batch),
-                        extras={"score_BSA": jax.device_put(out.score_BSA, rows)})
+                        extras={"score_BSA": jax.device_put(out.score_BSA, rows)},
+                        trajectories=trajs, tokenizer=tok)
 
   return rollout_fn
 

@@ -212,7 +212,8 @@ def delethink_rollout_fn(config, engine, tok, make_env, data, mesh):
     extras = {"trace_reward_B": jax.device_put(np.asarray([t.reward for t in traces],
                                                           np.float32), rows),
               "owner_C": jax.device_put(owner_C, rows)}
-    return loop.Rollout(batch=batch, metrics=host, extras=extras)
+    return loop.Rollout(batch=batch, metrics=host, extras=extras, trajectories=chunk_rows,
+                        tokenizer=tok)
 
   return rollout_fn
 

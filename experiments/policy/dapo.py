@@ -124,7 +124,8 @@ def make_rollout_fn(config, engine, tok, make_env, data, mesh):
     host = {**collect.rollout_metrics(sampled), **collect.batch_metrics(trajs, batch),
             "dapo/gen_batches": float(attempt + 1),
             "dapo/informative_groups": float(min(len(kept), rc.prompts_per_step))}
-    return loop.Rollout(batch=batch, metrics=host, lengths_B=collect.row_lengths(trajs, batch))
+    return loop.Rollout(batch=batch, metrics=host, lengths_B=collect.row_lengths(trajs, batch),
+                        trajectories=trajs, tokenizer=tok)
 
   return rollout_fn
 
