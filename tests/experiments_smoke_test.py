@@ -42,6 +42,7 @@ from agentrl.records import compare
 from agentrl.records import metrics
 from agentrl.records import rundir
 from agentrl.records import study
+from agentrl.records import trajectories
 from agentrl import sharding
 
 # Experiments whose smoke run goes through agentrl.train.loop (metrics.jsonl per RL step).
@@ -168,6 +169,10 @@ class SmokeTest(parameterized.TestCase):
       np.testing.assert_allclose([r["holder_p"] for r in records], expected, rtol=1e-6)
     self.assertTrue(os.listdir(os.path.join(workdir, "tb")))
     self.assertIn(str(config.total_steps), os.listdir(os.path.join(workdir, "ckpt")))
+    # A smoke run records every step (rl_config's smoke preset): rows with their text.
+    self.assertEqual(trajectories.steps(workdir), list(range(1, config.total_steps + 1)), name)
+    _, rows = trajectories.read_step(workdir, config.total_steps)
+    self.assertTrue(rows and rows[0]["pieces"] is not None, f"{name} records no text")
     with open(os.path.join(workdir, "summary.json")) as f:
       summary = json.load(f)
     for key in ("success_before", "success_after", "steps", "seconds"):
