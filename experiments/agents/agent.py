@@ -429,7 +429,8 @@ def make_rollout_fn(config, engine, tok, make_env, data, mesh, probe_step,
                              pad_id=tok.pad_id, rows=rows)
     host = {**groups.metrics, **collect.rollout_metrics(trajs),
             **collect.batch_metrics(trajs, batch)}
-    return loop.Rollout(batch=batch, metrics=host, extras=extras)
+    return loop.Rollout(batch=batch, metrics=host, extras=extras, trajectories=trajs,
+                        tokenizer=tok)
 
   return rollout_fn
 
