@@ -26,7 +26,8 @@ HF = ["safetensors", "gguf", "tokenizers", "sentencepiece", "jinja2"]
 # an op at import time, which env worker processes must not do.
 ENVS = ["reasoning-gym", "math-verify", "textworld[pddl]", "alfworld", "tensorflow-datasets",
         "importlib_resources", "rank-bm25"]
-TEST = ["pytest", "pytest-xdist"] + HF + ENVS
+# playwright drives the system Chromium in the viewer's browser test (no browser download).
+TEST = ["pytest", "pytest-xdist", "playwright"] + HF + ENVS
 # libtpu for scripts/plan_pod.py: compiles for TPU topologies with no TPU attached. Not in TEST:
 # with it installed every JAX process first tries (and fails) to start a TPU runtime.
 TPU_PLAN = ["jax[tpu]==0.10.2; python_version < '3.12'",
