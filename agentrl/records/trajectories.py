@@ -2,9 +2,9 @@
 
 Every `Settings.every` steps the loop writes, to <workdir>/trajectories/,
 
-  step_%06d.jsonl.gz   a header line, then one JSON line per recorded row (a sample of the
-                       step's groups, a few rows each: the best and worst rewarded first),
-                       for people and the viewer (scripts/view_trajectories.py)
+  step_%06d.jsonl.gz   a header line, then one JSON line per recorded row in batch order (a
+                       sample of the step's groups, a few rows each, chosen best and worst
+                       rewarded first), for people and the viewer (scripts/view_trajectories.py)
   batch_%06d.npz       every field of the step's whole training batch, as the update saw it
                        (scored, with advantages), for `--config.replay_batch=RUN_DIR:STEP`
 
@@ -26,9 +26,9 @@ real tokens, prompt included, in order):
                         the episode's outcome, per env step rewards and infos (JSON-safe)
   tokens, pieces        token ids and each token's text (`pieces` joined is the row's text;
                         null when the rollout carried no tokenizer)
-  role                  per token: "prompt" (the first prompt), "model" (sampled), "env"
-                        (what the environment or the chat template added: observations,
-                        tool results, role headers)
+  role                  per token: "prompt" (the first prompt), "model" (sampled, trained or
+                        not), "env" (what the environment or the chat template added:
+                        observations, tool results, role headers)
   turn                  per token: the turn index (-1 on the first prompt)
   turns                 [{index, role, start, end, text}]: the maximal runs of one (turn, role)
   loss_mask             per token 0/1: the tokens the loss trains
@@ -106,8 +106,8 @@ def select_rows(reward_B: np.ndarray, real_B: np.ndarray, *, group_size: int,
                 rows_per_group: int, max_groups: int) -> list[int]:
   """The rows to record, ascending: up to `max_groups` groups holding a real row, spread
   evenly over the batch, and in each up to `rows_per_group` of its real rows taken best,
-  worst, second best, second worst, ... by reward (ties by row), so that the two rows a
-  reader diffs first are the group's extremes."""
+  worst, second best, second worst, ... by reward (ties by row), so that a group's best and
+  worst rewarded rows are among those recorded."""
   B = len(real_B)
   G = max(1, group_size)
   groups = [g for g in range(math.ceil(B / G)) if real_B[g * G:(g + 1) * G].any()]
@@ -211,9 +211,13 @@ def make_rows(batch: Mapping[str, np.ndarray], rows: Sequence[int], *, group_siz
     loss_mask = np.asarray(batch["loss_mask_BT"][r][:n])
     turn = (np.asarray(batch["turn_BT"][r][:n]) if batch.get("turn_BT") is not None
             else np.where(loss_mask > 0, 0, -1))
-    roles = _roles(turn, loss_mask)
-    texts = pieces(decode, [int(t) for t in tokens]) if decode is not None else None
     traj = trajectories[r] if trajectories is not None and r < len(trajectories) else None
+    # The sampled tokens: the trajectory's own mask where known (a credit method may have
+    # masked sampled tokens out of the batch's loss mask).
+    sampled = (np.asarray(traj.loss_mask[:n]) if traj is not None and len(traj.loss_mask) >= n
+               else loss_mask)
+    roles = _roles(turn, sampled)
+    texts = pieces(decode, [int(t) for t in tokens]) if decode is not None else None
     row = {"row": int(r), "group": int(r // group_size), "sample": int(r % group_size),
            "parent": -1, "fork_at": 0, "version": None, "reward": None, "success": None,
            "done": None, "truncated": None, "turn_rewards": None, "infos": None}

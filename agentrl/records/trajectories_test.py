@@ -84,7 +84,7 @@ class RowsTest(absltest.TestCase):
 
   def test_rows_hold_roles_turns_text_and_per_token_values(self):
     traj = agent_loop.Trajectory(
-        tokens=np.zeros(6, np.int32), loss_mask=np.zeros(6, np.float32),
+        tokens=np.zeros(6, np.int32), loss_mask=np.array([0, 0, 1, 1, 0, 1], np.float32),
         turn=np.zeros(6, np.int32), sampler_logp=np.zeros(6, np.float32),
         turn_rewards=[0.0, 1.0], reward=1.0, done=True, truncated=False, prompt_len=2,
         infos=[{"error": ""}, {"success": True, "value": np.float32(2.5)}], parent=-1)
@@ -101,6 +101,10 @@ class RowsTest(absltest.TestCase):
     self.assertEqual((row["success"], row["turn_rewards"], row["version"]), (True, [0.0, 1.0], 3))
     self.assertEqual(row["infos"][1]["value"], 2.5)
     self.assertNotIn("entropy", row)
+    masked = {**_batch(), "loss_mask_BT": _batch()["loss_mask_BT"] * [1, 1, 1, 0, 1, 1, 1]}
+    row = trajectories.make_rows(masked, [0], group_size=2, trajectories=[traj])[0]
+    self.assertEqual(row["role"][3], "model")  # sampled, though the credit masked it
+    self.assertEqual(row["loss_mask"][3], 0)
 
   def test_rows_without_trajectories_or_tokenizer(self):
     row = trajectories.make_rows(_batch(), [1], group_size=2)[0]
