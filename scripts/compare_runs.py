@@ -4,8 +4,12 @@ r"""Compares RL runs: overlaid learning curves (PNG) and a table of their figure
   python scripts/compare_runs.py runs/grpo* --out=/tmp/grpo_lrs.png --keys=eval/success,kl
 
 The table gives each run's method, steps, held-out greedy success before RL, at the end and at
-its peak (with the step), and the SFT / RL training / evaluation time, then the config keys
-whose values differ. Runs still in progress are read as far as they got.
+its peak (with the step), the SFT / RL training / evaluation time and the alarms that fired
+(`divergence@26, repetition@40`: each alarm's first step; agentrl/records/alarms.py), then the
+config keys whose values differ. For a run with trajectory records, each fired alarm gets a
+line with the link to the run's viewer page at the first recorded step at or after it
+(`file://<run>/trajectories/viewer.html#step-26`). Runs still in progress are read as far as
+they got.
 """
 from absl import app
 from absl import flags

@@ -1,17 +1,23 @@
 """Side-by-side comparison of finished or running RL runs (scripts/compare_runs.py).
 
 `compare(run_dirs, out_png)` overlays the runs' curves in one PNG and returns a table with each
-run's method, steps, held-out greedy success (before RL, final, peak and the step of the peak)
-and where its time went, followed by the config keys whose values differ between the runs. It
-reads only the files every run writes (metrics.jsonl, config.json, summary.json when the run
-has finished), so it works on a run in progress too.
+run's method, steps, held-out greedy success (before RL, final, peak and the step of the peak),
+where its time went and the alarms that fired (`agentrl.records.alarms`: each with the first
+step it fired, `divergence@26`), followed by the config keys whose values differ between the
+runs. It reads only the files every run writes (metrics.jsonl, config.json, summary.json when
+the run has finished), so it works on a run in progress too. A run with trajectory records
+(`trajectories/step_NNNNNN.jsonl.gz`) gets a line per fired alarm below the table: the link to
+its viewer page (`trajectories/viewer.html`) at the first recorded step at or after the alarm
+(the last recorded one before it when none is), or the command that writes the page.
 """
 from collections.abc import Mapping, Sequence
 import json
 import os
+import re
 from typing import Any
 
 from agentrl import configs
+from agentrl.records import alarms
 from agentrl.records import metrics
 from agentrl.records import plots
 
@@ -22,6 +28,12 @@ _TIME_DICTS = ("seconds", "time", "times")
 _PHASE_NAMES = {"sft": ("sft",), "train": ("train", "training", "rl"),
                 "eval": ("eval", "evaluation", "evals"),
                 "wall": ("wall", "total", "process")}
+
+
+ALARM = "alarm/"
+# The loop's trajectory records and their viewer page, under the run directory.
+TRAJECTORIES, VIEWER_PAGE = "trajectories", "viewer.html"
+_STEP_FILE = re.compile(r"step_(\d+)\.jsonl\.gz")
 
 
 class RunDirError(ValueError):
@@ -97,7 +109,45 @@ def load_run(run_dir: str) -> dict[str, Any]:
       "final": final,
       "peak": max(evals, key=lambda e: e[1]) if evals else None,
       "seconds": _seconds(summary or {}, records),
+      "alarms": fired_alarms(records),
+      "trajectory_steps": trajectory_steps(run_dir),
+      "run_dir": os.path.abspath(run_dir),
   }
+
+
+def fired_alarms(records) -> list[tuple[str, int]]:
+  """(label, first step) of each `alarm/*` metric that was 1 on some step, by first step."""
+  first = {}
+  for record in records:
+    for key, value in record.items():
+      if key.startswith(ALARM) and _number(value) and value > 0 and key not in first:
+        first[key] = record["step"]
+  name = lambda key: alarms.LABELS.get(key[len(ALARM):], key[len(ALARM):])
+  return sorted(((name(k), step) for k, step in first.items()), key=lambda a: (a[1], a[0]))
+
+
+def trajectory_steps(run_dir: str) -> list[int]:
+  """The steps whose trajectory records the run directory holds, ascending."""
+  folder = os.path.join(run_dir, TRAJECTORIES)
+  names = os.listdir(folder) if os.path.isdir(folder) else []
+  return sorted(int(m.group(1)) for m in map(_STEP_FILE.fullmatch, names) if m)
+
+
+def _alarm_links(run: Mapping[str, Any]) -> list[str]:
+  """A line per fired alarm of a run with trajectory records: where to read that step."""
+  steps = run["trajectory_steps"]
+  if not steps:
+    return []
+  viewer = os.path.join(run["run_dir"], TRAJECTORIES, VIEWER_PAGE)
+  lines = []
+  for label, step in run["alarms"]:
+    later = [s for s in steps if s >= step]
+    near = later[0] if later else steps[-1]
+    where = (f"file://{viewer}#step-{near}" if os.path.exists(viewer) else
+             f"step {near} (write the viewer: python scripts/view_trajectories.py "
+             f"{run['run_dir']})")
+    lines.append(f"{run['name']}: {label}@{step} -> {where}")
+  return lines
 
 
 def _pct(x: float | None) -> str:
@@ -132,12 +182,16 @@ def table(runs: Sequence[dict[str, Any]]) -> str:
     sec = run["seconds"]
     rows.append([run["name"], run["method"], f"{run['steps']}{'' if run['finished'] else '*'}",
                  _pct(run["before"]), _pct(run["final"]), peak, _sec(sec["sft"]),
-                 _sec(sec["train"]), _sec(sec["eval"]), _sec(sec["wall"])])
+                 _sec(sec["train"]), _sec(sec["eval"]), _sec(sec["wall"]),
+                 ", ".join(f"{label}@{step}" for label, step in run["alarms"]) or "-"])
   text = metrics.format_table(
       ["run", "method", "steps", "greedy before", "final", "peak @step", "SFT", "RL train",
-       "eval", "wall"], rows)
+       "eval", "wall", "alarms"], rows)
   if any(not r["finished"] for r in runs):
     text += "\n* still running or stopped before its summary.json was written"
+  links = [line for run in runs for line in _alarm_links(run)]
+  if links:
+    text += "\n\nalarms in the trajectory records:\n" + "\n".join(links)
   return text + _config_diff(runs)
 
 

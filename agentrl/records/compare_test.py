@@ -53,10 +53,10 @@ class CompareTest(absltest.TestCase):
     self.assertTrue(os.path.exists(out))
     self.assertEqual(drawn[0], "eval/success")
     self.assertEqual(_row(text, "a"), ["a", "GRPO", "4", "25.0%", "50.0%", "75.0%", "@2", "3s",
-                                       "8s", "3s", "20s"])
+                                       "8s", "3s", "20s", "-"])
     # No summary yet: the records give steps, figures and times; SFT and wall time are unknown.
     self.assertEqual(_row(text, "b"), ["b", "?", "3*", "25.0%", "50.0%", "50.0%", "@2", "-",
-                                       "6s", "2s", "-"])
+                                       "6s", "2s", "-", "-"])
     self.assertIn("* still running", text)
     diff = text.split("config differences:\n", 1)[1].splitlines()
     self.assertEqual([line.split() for line in diff[2:]],
@@ -74,8 +74,8 @@ class CompareTest(absltest.TestCase):
                 summary={"method": "CTPO"})
     text, _ = compare.compare([old, same], os.path.join(root, "c.png"), ["eval/success"])
     self.assertEqual(_row(text, "old"), ["old", "CTPO", "2", "10.0%", "30.0%", "30.0%", "@2",
-                                         "5s", "4s", "1s", "12s"])
-    self.assertEqual(_row(text, "same")[-4:], ["0s", "4s", "2s", "-"])
+                                         "5s", "4s", "1s", "12s", "-"])
+    self.assertEqual(_row(text, "same")[-5:], ["0s", "4s", "2s", "-", "-"])
     self.assertIn("config: identical", text)
 
   def test_runs_with_one_name_are_labelled_by_path(self):
@@ -84,9 +84,37 @@ class CompareTest(absltest.TestCase):
     b = _run(root, "y/run", _records({0: 0.0}, 1), summary={"method": "GRPO"})
     text, _ = compare.compare([a, b], os.path.join(root, "c.png"))
     self.assertIn("no config.json in: ", text)
-    self.assertLen(_row(text, os.path.normpath(a)), 11)
+    self.assertLen(_row(text, os.path.normpath(a)), 12)
     with self.assertRaisesRegex(compare.RunDirError, "given twice"):
       compare.compare([a, a + "/"], os.path.join(root, "c.png"))
+
+  def test_alarms_column_and_links_to_the_trajectory_viewer(self):
+    root = _tmpdir(self)
+    records = _records({0: 0.3, 4: 0.1}, 6)
+    for record in records[1:]:   # divergence from step 3, invalid actions at step 5 only
+      record.update({"alarm/reward_divergence": float(record["step"] >= 3),
+                     "alarm/invalid_actions": float(record["step"] == 5),
+                     "alarm/repetition": 0.0})
+    viewed = _run(root, "viewed", records, summary={"method": "SIOP"})
+    unviewed = _run(root, "unviewed", records, summary={"method": "SIOP"})
+    quiet = _run(root, "quiet", _records({0: 0.3}, 6), summary={"method": "GRPO"})
+    for run, steps in ((viewed, (2, 4)), (unviewed, (6,))):
+      os.makedirs(os.path.join(run, "trajectories"))
+      for step in steps:
+        open(os.path.join(run, "trajectories", f"step_{step:06d}.jsonl.gz"), "wb").close()
+    open(os.path.join(viewed, "trajectories", "viewer.html"), "w").close()
+    text, _ = compare.compare([viewed, unviewed, quiet], os.path.join(root, "c.png"))
+    self.assertEqual(_row(text, "viewed")[-2:], ["divergence@3,", "invalid@5"])
+    self.assertEqual(_row(text, "quiet")[-1], "-")
+    links = text.split("alarms in the trajectory records:\n", 1)[1].split("\n\n")[0]
+    links = links.splitlines()
+    page = os.path.join(os.path.abspath(viewed), "trajectories", "viewer.html")
+    # The first recorded step at or after the alarm; none after step 5: the last before it.
+    self.assertEqual(links[:2], [f"viewed: divergence@3 -> file://{page}#step-4",
+                                 f"viewed: invalid@5 -> file://{page}#step-4"])
+    self.assertEqual(links[2], f"unviewed: divergence@3 -> step 6 (write the viewer: python "
+                               f"scripts/view_trajectories.py {os.path.abspath(unviewed)})")
+    self.assertLen(links, 4)   # the run without trajectory records has no line
 
   def test_errors_name_the_run_dir_and_what_is_missing(self):
     root = _tmpdir(self)

@@ -18,6 +18,7 @@ import jax
 import numpy as np
 
 from agentrl.rollout import agent_loop
+from agentrl.rollout import branching
 from agentrl.rollout import pack as pack_lib
 from agentrl import types
 
@@ -41,12 +42,56 @@ def trajectory_success(traj: agent_loop.Trajectory) -> bool:
   return any(bool(info.get("success")) for info in traj.infos)
 
 
+# A model turn is repetitive when more than half of its 4-grams repeat an earlier one of the
+# turn [INF]. Only turns of at least 2n tokens are judged: a shorter one (a guess, a command)
+# has too few n-grams for the rate to mean anything.
+REPETITION_N = 4
+REPETITION_THRESHOLD = 0.5
+
+
+def repeated_ngram_rate(ids: np.ndarray, n: int) -> float:
+  """rep-n = 1 - distinct n-grams / total n-grams of a token sequence (0 with no n-gram)."""
+  ids = np.asarray(ids)
+  if len(ids) < n:
+    return 0.0
+  grams = np.lib.stride_tricks.sliding_window_view(ids, n)
+  return 1.0 - len(np.unique(grams, axis=0)) / len(grams)
+
+
+def repetitive_turn_fraction(turns: Sequence[np.ndarray], *, n: int = REPETITION_N,
+                             threshold: float = REPETITION_THRESHOLD) -> float:
+  """Fraction of the turns of at least 2n tokens whose rep-n exceeds `threshold` (0 with none)."""
+  rates = [repeated_ngram_rate(ids, n) for ids in turns if len(ids) >= 2 * n]
+  return float(np.mean([rate > threshold for rate in rates])) if rates else 0.0
+
+
+def own_turns(traj: agent_loop.Trajectory) -> list[np.ndarray]:
+  """The sampled ids of each model turn the trajectory sampled itself: a branch's turns with a
+  sampled token at or after fork_at, each whole (the turn it forked inside included)."""
+  sampled = traj.loss_mask > 0
+  turns = np.unique(traj.turn[traj.fork_at:][sampled[traj.fork_at:]])
+  return [traj.tokens[sampled & (traj.turn == u)] for u in turns]
+
+
+def own_infos(traj: agent_loop.Trajectory) -> list[dict]:
+  """The env infos of the steps the trajectory took itself (a branch shares the steps its
+  parent completed before fork_at)."""
+  return traj.infos[branching.env_steps_before(traj, traj.fork_at) if traj.fork_at else 0:]
+
+
 def rollout_metrics(trajs: Sequence[agent_loop.Trajectory]) -> dict[str, float]:
-  """The host metrics every rollout logs: mean reward, success rate, sampled tokens (a
-  branch's own: the prefix it shares with its parent was sampled once, by the parent)."""
+  """The host metrics every rollout logs: mean reward, success rate, sampled tokens, the
+  fraction of repetitive model turns (`repetitive_turn_fraction`) and the fraction of env steps
+  that reported an error (info["error"] non-empty: the complement of `episode_metrics`'
+  valid_turns; 0 with no env step). Tokens, turns and env steps are each a branch's own: the
+  prefix it shares with its parent was sampled and stepped once, by the parent."""
+  infos = [info for t in trajs for info in own_infos(t)]
   return {"reward": float(np.mean([t.reward for t in trajs])),
           "success": float(np.mean([trajectory_success(t) for t in trajs])),
-          "rollout/sampled_tokens": float(sum(t.loss_mask[t.fork_at:].sum() for t in trajs))}
+          "rollout/sampled_tokens": float(sum(t.loss_mask[t.fork_at:].sum() for t in trajs)),
+          "rollout/repetition": repetitive_turn_fraction([u for t in trajs for u in own_turns(t)]),
+          "rollout/invalid_turns": float(np.mean([bool(info.get("error")) for info in infos]))
+                                   if infos else 0.0}
 
 
 def episode_metrics(trajs: Sequence[agent_loop.Trajectory]) -> dict[str, float]:
