@@ -44,6 +44,7 @@ from agentrl.models import lora
 from agentrl.models import presets
 from agentrl.models import tokenizer as tokenizer_lib
 from agentrl.models import transformer
+from agentrl.records import alarms
 from agentrl.records import trajectories
 from agentrl import sharding
 from agentrl.rollout import collect
@@ -68,7 +69,21 @@ def loop_options(config: mlc.ConfigDict) -> dict:
               stop_after_collapsed=uc.stop_after_collapsed, sort_by_length=uc.sort_by_length,
               max_staleness=uc.max_staleness, off_policy=uc.off_policy,
               off_policy_threshold=uc.off_policy_threshold,
-              trajectories=trajectory_settings(config), replay_batch=config.get("replay_batch", ""))
+              trajectories=trajectory_settings(config), replay_batch=config.get("replay_batch", ""),
+              alarms=alarm_settings(config))
+
+
+def alarm_settings(config: mlc.ConfigDict) -> alarms.Settings | None:
+  """The alarms' thresholds (config.alarms; None with alarms.enabled False)."""
+  ac = config.get("alarms")
+  if ac is None:
+    return alarms.Settings()
+  if not ac.enabled:
+    return None
+  try:
+    return alarms.Settings(**{k: v for k, v in ac.items() if k != "enabled"})
+  except ValueError as e:
+    raise configs.ConfigError(f"config.alarms: {e}") from None
 
 
 def trajectory_settings(config: mlc.ConfigDict) -> trajectories.Settings:

@@ -7,6 +7,7 @@
 Experiments import this module beside `agentrl.harness.recipe`, whose blocks read the config;
 the task keys come from the environment registry (`agentrl.envs.registry`).
 """
+import dataclasses
 import math
 import os
 
@@ -19,6 +20,7 @@ from agentrl.envs import verbose_arithmetic
 from agentrl.models import decoder_math
 from agentrl.models import lora
 from agentrl.models import presets
+from agentrl.records import alarms
 from agentrl import sharding
 from agentrl.train import overlap
 
@@ -167,6 +169,9 @@ def rl_config(preset: str = "cpu", *, smoke: bool = False) -> mlc.ConfigDict:
   c.log = dict(save_every=25, keep=2, tensorboard=True, wandb_project="", trajectories_every=-1,
                trajectories_rows_per_group=4, trajectories_groups=16, trajectories_keep=10,
                trajectories_batch=True)
+  # The collapse and reward-hacking alarms' thresholds (agentrl/records/alarms.py, docs/usage.md
+  # §8): a run warns once per alarm and logs alarm/* every step; enabled=False: none.
+  c.alarms = dict(enabled=True, **dataclasses.asdict(alarms.Settings()))
   # "RUN_DIR:STEP": rerun step STEP's update of that run from its recorded batch and its
   # checkpoint of STEP - 1 instead of training (loop.replay; --workdir is the replay's own).
   c.replay_batch = ""
@@ -272,6 +277,9 @@ RL_SCHEMA = {
     "log.trajectories_keep": configs.Key(int, min=1),
     "log.trajectories_batch": configs.Key(bool),
     "replay_batch": configs.Key(str),
+    "alarms.enabled": configs.Key(bool),
+    **{f"alarms.{f.name}": configs.Key(f.type if isinstance(f.type, type) else type(f.default),
+                                       min=0) for f in dataclasses.fields(alarms.Settings)},
 }
 
 

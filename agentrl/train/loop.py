@@ -44,6 +44,7 @@ from agentrl.models import lora
 from agentrl.models import policy as policy_lib
 from agentrl.rollout import collect
 from agentrl.rollout import pack as pack_lib
+from agentrl.records import alarms as alarms_lib
 from agentrl.records import metrics as metrics_lib
 from agentrl.records import trajectories as trajectories_lib
 from agentrl.train import overlap
@@ -306,7 +307,8 @@ def run(state, *, rng: jax.Array, total_steps: int, workdir: str,
         stop_after_collapsed: int = 20, entropy_floor: float = 1e-3,
         rollout_input: Callable[[Any], Any] | None = None, max_staleness: int = 0,
         off_policy: str = "token_tis", off_policy_threshold: float = 2.0,
-        trajectories: trajectories_lib.Settings | None = None, replay_batch: str = "") -> Result:
+        trajectories: trajectories_lib.Settings | None = None, replay_batch: str = "",
+        alarms: alarms_lib.Settings | None = None) -> Result:
   """Runs RL steps 1..total_steps from scratch or from the newest checkpoint in workdir/ckpt.
 
   Args:
@@ -350,6 +352,11 @@ def run(state, *, rng: jax.Array, total_steps: int, workdir: str,
       starts from. None or every = 0: nothing.
     replay_batch: "RUN_DIR:STEP": instead of training, rerun step STEP's update of the run in
       RUN_DIR from its recorded batch and its checkpoint of step STEP - 1 (`replay`).
+    alarms: the thresholds of the collapse and reward-hacking alarms
+      (agentrl/records/alarms.py): each step's record gains `alarm/*` (1.0 while an alarm's
+      condition holds) and each alarm prints one warning, with the evidence, the first time
+      it fires (a resumed run re-reads the earlier records, so it neither repeats nor forgets
+      one). None: no alarms.
   """
   if replay_batch:
     return replay(state, replay_batch, update_fn, rng=rng, epochs=epochs,
@@ -389,6 +396,9 @@ def run(state, *, rng: jax.Array, total_steps: int, workdir: str,
   writer = metrics_lib.Writer(workdir, total_steps=total_steps, tensorboard=tensorboard,
                               wandb=wandb, console=console,
                               resume_step=step if step else None)
+  monitor = None if alarms is None else alarms_lib.Monitor(alarms, run_dir=workdir)
+  if monitor is not None and step:
+    monitor.replay(metrics_lib.read_jsonl(writer.path), until=step)
   beat = metrics_lib.Heartbeat(heartbeat_s if console else 0.0)
   limits = {"skipped": stop_after_skipped, "collapsed": stop_after_collapsed}
   streak, last_saved, first_step = {"skipped": 0, "collapsed": 0}, step, step + 1
@@ -398,6 +408,8 @@ def run(state, *, rng: jax.Array, total_steps: int, workdir: str,
       if evaluate is not None and "0" not in evals:
         evals["0"] = _evaluate(evaluate, state.params, beat, "baseline evaluation")
         writer.write(0, evals["0"])  # the baseline point of every eval curve
+        if monitor is not None:
+          monitor.observe(0, evals["0"])  # held-out success before RL, for the divergence
       while step < total_steps:
         shutdown.check()  # an interrupt whose exception Python swallowed stops the run here
         step += 1
@@ -411,6 +423,11 @@ def run(state, *, rng: jax.Array, total_steps: int, workdir: str,
           producer.drain()  # the rollout thread and evaluation share the engine
           evals[str(step)] = _evaluate(evaluate, state.params, beat, f"step {step}: evaluation")
           record.update(evals[str(step)])
+        if monitor is not None:
+          flags, warnings = monitor.observe(step, record)
+          record.update(flags)
+          for line in warnings:
+            print(f"warning: {line}", file=sys.stderr, flush=True)
         writer.write(step, record, note="includes compilation" if step == first_step else "")
         if rec is not None and trajectories_lib.is_record_step(step, rec.every):
           trajectories_lib.record(workdir, step, batch, settings=rec,

@@ -6,6 +6,7 @@ softmax over 4 logits, and arm 3 pays 1. The shared driver must make the reward 
 non-finite updates, and resume from a checkpoint to exactly the uninterrupted run's records.
 The score step's own test uses a one-layer transformer of width 16.
 """
+import dataclasses
 import functools
 import io
 import os
@@ -30,6 +31,7 @@ from agentrl.models import transformer
 from agentrl.rollout import agent_loop
 from agentrl.rollout import pack as pack_lib
 from agentrl import checkpoint
+from agentrl.records import alarms
 from agentrl.records import metrics as metrics_lib
 from agentrl.records import trajectories
 from agentrl.train import loop
@@ -104,11 +106,10 @@ class _Bandit:
     update = jax.jit(loop.skip_nonfinite(self.update_step), donate_argnames="state")
     return loop.run(
         self.init_state(), rng=jax.random.key(0), total_steps=total_steps, workdir=workdir,
-        rollout_fn=self.rollout, score_fn=jax.jit(self.score),
-        advantage_fn=jax.jit(self.advantage),
+        score_fn=jax.jit(self.score), advantage_fn=jax.jit(self.advantage),
         update_fn=update, data=self.data, tensorboard=False,
         evaluate=lambda params: {"p_best": jax.nn.softmax(params["logits"])[3]},
-        **{"console": False, **kwargs})
+        **{"console": False, "rollout_fn": self.rollout, **kwargs})
 
 
 def _reproducible(records):
@@ -257,6 +258,34 @@ class RecordsAndReplayTest(absltest.TestCase):
       _Bandit().run(workdir, total_steps=3, save_every=2, trajectories=rec)
     cut.assert_called_once_with(workdir, 2)
     self.assertEqual(trajectories.read_step(workdir, 3)[1], first)
+
+
+class AlarmsTest(absltest.TestCase):
+
+  def test_divergence_warns_once_is_logged_and_survives_a_resume(self):
+    bandit = _Bandit()
+
+    def hacked_rollout(params, rng, step):  # the reward rises while success falls
+      rollout = bandit.rollout(params, rng, step)
+      return dataclasses.replace(rollout, metrics={"reward": 0.1 * step,
+                                                   "success": 1.0 - 0.1 * step})
+
+    settings = alarms.Settings(divergence_window=3)
+    workdir = _tmpdir(self)
+    with mock.patch("sys.stderr", new_callable=io.StringIO) as err:
+      result = bandit.run(workdir, total_steps=5, save_every=1, keep=5,
+                          rollout_fn=hacked_rollout, alarms=settings)
+    self.assertEqual([r.get("alarm/reward_divergence") for r in result.records],
+                     [None, 0.0, 0.0, 1.0, 1.0, 1.0])
+    self.assertEqual(err.getvalue().count("reward-success divergence"), 1)
+    self.assertIn("warning: step 3: reward-success divergence", err.getvalue())
+    shutil.rmtree(f"{workdir}/ckpt/5")
+    shutil.rmtree(f"{workdir}/ckpt/4")
+    with mock.patch("sys.stderr", new_callable=io.StringIO) as err:
+      resumed = bandit.run(workdir, total_steps=6, save_every=1, keep=5,
+                           rollout_fn=hacked_rollout, alarms=settings)
+    self.assertEqual(resumed.records[-1]["alarm/reward_divergence"], 1.0)
+    self.assertEqual(err.getvalue(), "")  # every alarm fired before the resume
 
 
 class OverlapTest(absltest.TestCase):
