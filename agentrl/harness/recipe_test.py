@@ -92,6 +92,23 @@ class ConfigTest(parameterized.TestCase):
     self.assertEqual(recipe.loop_options(config)["num_minibatches"], config.updates.minibatches)
 
 
+  def test_default_runs_record_after_each_evaluation_and_run_the_alarms(self):
+    for preset in rl_config.PRESETS:
+      config = rl_config.rl_config(preset)
+      options = recipe.loop_options(config)
+      rec = options["trajectories"]
+      self.assertEqual((rec.every, rec.prompts_per_step, rec.full_batch),
+                       (config.eval.every, config.rollout.prompts_per_step, True), preset)
+      self.assertIsNotNone(options["alarms"])
+    config = rl_config.rl_config("cpu")
+    config.log.trajectories_every, config.alarms.enabled = 5, False
+    self.assertEqual(recipe.loop_options(config)["trajectories"].every, 5)
+    self.assertIsNone(recipe.loop_options(config)["alarms"])
+    config.alarms.update(enabled=True, divergence_window=2)
+    with self.assertRaisesRegex(configs.ConfigError, "config.alarms: .*divergence_window=2"):
+      recipe.loop_options(config)
+
+
 class TaskAndPolicyTest(absltest.TestCase):
 
   def test_make_task_builds_each_task(self):
