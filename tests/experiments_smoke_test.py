@@ -225,6 +225,19 @@ class SmokeTest(parameterized.TestCase):
                           text=True, check=True)
     self.assertIn(text, proc.stdout)
 
+  def test_replay_of_a_smoke_run_step_equals_its_update(self):
+    run = _grpo_smoke_run(0)
+    grpo = importlib.import_module("experiments.policy.grpo")
+    config = grpo.get_config("smoke")
+    config.replay_batch = f"{run}:2"
+    summary = grpo.train(config, _tmpdir(self))
+    logged = next(r for r in metrics.read_jsonl(os.path.join(run, metrics.JSONL))
+                  if r["step"] == 2)
+    self.assertEqual((summary["replay"], summary["step"]), (f"{run}:2", 2))
+    for key in ("loss", "grad_norm", "clipfrac"):
+      self.assertEqual(summary["update"][key], logged[key], key)
+    self.assertEqual(summary["update"]["replay/param_max_abs_diff"], 0.0)
+
   def test_sft_smoke_preset(self):
     sft = importlib.import_module("experiments.distill.sft")
     workdir = _tmpdir(self)
