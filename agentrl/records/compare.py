@@ -6,20 +6,21 @@ where its time went and the alarms that fired (`agentrl.records.alarms`: each wi
 step it fired, `divergence@26`), followed by the config keys whose values differ between the
 runs. It reads only the files every run writes (metrics.jsonl, config.json, summary.json when
 the run has finished), so it works on a run in progress too. A run with trajectory records
-(`trajectories/step_NNNNNN.jsonl.gz`) gets a line per fired alarm below the table: the link to
+(`agentrl.records.trajectories`) gets a line per fired alarm below the table: the link to
 its viewer page (`trajectories/viewer.html`) at the first recorded step at or after the alarm
 (the last recorded one before it when none is), or the command that writes the page.
 """
 from collections.abc import Mapping, Sequence
 import json
 import os
-import re
 from typing import Any
 
 from agentrl import configs
 from agentrl.records import alarms
 from agentrl.records import metrics
 from agentrl.records import plots
+from agentrl.records import trajectories
+from agentrl.records import viewer
 
 # summary.json's time split has been `seconds` and may be `time` or `times`; each phase under
 # any of these names (plain or with a `_seconds` suffix) is read, so older and newer runs
@@ -31,9 +32,6 @@ _PHASE_NAMES = {"sft": ("sft",), "train": ("train", "training", "rl"),
 
 
 ALARM = "alarm/"
-# The loop's trajectory records and their viewer page, under the run directory.
-TRAJECTORIES, VIEWER_PAGE = "trajectories", "viewer.html"
-_STEP_FILE = re.compile(r"step_(\d+)\.jsonl\.gz")
 
 
 class RunDirError(ValueError):
@@ -110,7 +108,7 @@ def load_run(run_dir: str) -> dict[str, Any]:
       "peak": max(evals, key=lambda e: e[1]) if evals else None,
       "seconds": _seconds(summary or {}, records),
       "alarms": fired_alarms(records),
-      "trajectory_steps": trajectory_steps(run_dir),
+      "trajectory_steps": trajectories.steps(run_dir),
       "run_dir": os.path.abspath(run_dir),
   }
 
@@ -126,24 +124,17 @@ def fired_alarms(records) -> list[tuple[str, int]]:
   return sorted(((name(k), step) for k, step in first.items()), key=lambda a: (a[1], a[0]))
 
 
-def trajectory_steps(run_dir: str) -> list[int]:
-  """The steps whose trajectory records the run directory holds, ascending."""
-  folder = os.path.join(run_dir, TRAJECTORIES)
-  names = os.listdir(folder) if os.path.isdir(folder) else []
-  return sorted(int(m.group(1)) for m in map(_STEP_FILE.fullmatch, names) if m)
-
-
 def _alarm_links(run: Mapping[str, Any]) -> list[str]:
   """A line per fired alarm of a run with trajectory records: where to read that step."""
   steps = run["trajectory_steps"]
   if not steps:
     return []
-  viewer = os.path.join(run["run_dir"], TRAJECTORIES, VIEWER_PAGE)
+  page = viewer.default_path(run["run_dir"])
   lines = []
   for label, step in run["alarms"]:
     later = [s for s in steps if s >= step]
     near = later[0] if later else steps[-1]
-    where = (f"file://{viewer}#step-{near}" if os.path.exists(viewer) else
+    where = (f"file://{page}#step-{near}" if os.path.exists(page) else
              f"step {near} (write the viewer: python scripts/view_trajectories.py "
              f"{run['run_dir']})")
     lines.append(f"{run['name']}: {label}@{step} -> {where}")
