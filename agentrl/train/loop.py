@@ -4,10 +4,11 @@
 One step of `run`:
 
   rollout      host: prompts -> rollout engine (+ env turns) -> rewards -> `pack` -> device Batch
-  score        jitted, no grad: old_logp (and ref_logp, values) for every token
+  score        jitted, no grad: old_logp, entropy (and ref_logp, values) for every token
   advantages   jitted: the experiment's estimator, e.g. `agentrl.advantages.estimators.grpo`
   update       epochs x minibatches of the experiment's jitted `update_step(state, batch)`
-  log, save    one dict of scalars to `metrics.Writer`; a checkpoint every `save_every` steps
+  log, save    one dict of scalars (with the alarms' `alarm/*`) to `metrics.Writer`; on record
+               steps the trajectory records; a checkpoint every `save_every` steps
 
 The loop owns no algorithm: every piece of math is a function the experiment passes in. State
 beyond params and optimizer (a critic, a dual variable, a replay batch) rides in the train
@@ -18,8 +19,9 @@ reuses the helpers here.
 Exact resume. Step s draws its randomness from `fold_in(rng, s)` and its prompts from the data
 stream, whose position (`state()`) is checkpointed with the train state. A run killed at any
 point (SIGKILL included) and started again with the same workdir restores the last complete
-checkpoint, drops later metrics records, and reproduces the uninterrupted run's records
-exactly on CPU (the time and throughput fields aside). On Ctrl-C or SIGTERM
+checkpoint, drops later metrics and trajectory records, and reproduces the uninterrupted
+run's records exactly on CPU (the time and throughput fields aside). `replay` reruns one
+recorded step's update from its checkpoint and batch (`--config.replay_batch=RUN_DIR:STEP`). On Ctrl-C or SIGTERM
 (`agentrl.train.shutdown`, set up by `cli.run`) the exception leaves `run` after the background
 rollout is abandoned, a checkpoint save in flight is finished and the metrics files are closed.
 """
