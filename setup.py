@@ -26,8 +26,11 @@ HF = ["safetensors", "gguf", "tokenizers", "sentencepiece", "jinja2"]
 # an op at import time, which env worker processes must not do.
 ENVS = ["reasoning-gym", "math-verify", "textworld[pddl]", "alfworld", "tensorflow-datasets",
         "importlib_resources", "rank-bm25"]
+# The OpenAI-compatible server (agentrl.serve): Starlette on uvicorn. openai is the client the
+# example agents and the tests use.
+SERVE = ["starlette", "uvicorn", "openai"]
 # playwright drives the system Chromium in the viewer's browser test (no browser download).
-TEST = ["pytest", "pytest-xdist", "playwright"] + HF + ENVS
+TEST = ["pytest", "pytest-xdist", "playwright", "httpx"] + HF + ENVS + SERVE
 # libtpu for scripts/plan_pod.py: compiles for TPU topologies with no TPU attached. Not in TEST:
 # with it installed every JAX process first tries (and fails) to start a TPU runtime.
 TPU_PLAN = ["jax[tpu]==0.10.2; python_version < '3.12'",
@@ -47,6 +50,6 @@ setuptools.setup(
                                                "experiments", "experiments.*"]),
     python_requires=">=3.11",
     install_requires=INSTALL_REQUIRES,
-    extras_require={"hf": HF, "envs": ENVS, "test": TEST, "tpu-plan": TPU_PLAN,
+    extras_require={"hf": HF, "envs": ENVS, "test": TEST, "serve": SERVE, "tpu-plan": TPU_PLAN,
                     "gpu-plan": GPU_PLAN, "wandb": ["wandb"], "tensorboard": ["tensorboard"]},
 )
