@@ -146,6 +146,44 @@ class EngineTest(parameterized.TestCase):
     for a, b in zip(reference, other):
       np.testing.assert_array_equal(a.tokens, b.tokens)
 
+  def test_episodes_arriving_mid_run_sample_as_if_given_up_front(self):
+    make, _ = ENVS["hidden_rule"]
+    flags = [i == 3 for i in SEEDS]
+    reference, ref_metrics = _run_engine("hidden_rule", slots=8, rng=jax.random.key(2),
+                                         greedy=flags)
+    envs = [make() for _ in SEEDS]
+    coming = [(envs[0], SEEDS[0]), (envs[1], SEEDS[1])] + [
+        (envs[i], SEEDS[i], flags[i]) for i in SEEDS[2:]]
+    polls, ended, sampled = [], {}, []
+
+    def arrivals(wait_s):
+      polls.append(wait_s)
+      if not coming:
+        return None
+      if len(polls) == 1:            # two at the start, then one every third round
+        return [coming.pop(0), coming.pop(0)]
+      return [coming.pop(0)] if len(polls) % 3 == 0 else []
+
+    def watch(kind, env, traj):
+      if kind == "ended":
+        ended[envs.index(env)] = traj
+      else:
+        sampled.append(envs.index(env))
+
+    engine = engine_lib.Engine(GRAPHDEF, pad_id=TOK.pad_id, slots=8, chunk=3)
+    trajs, metrics = engine.run(PARAMS, TOK, [], [], rng=jax.random.key(2), arrivals=arrivals,
+                                watch=watch, chat_template=True, **KW)
+    self.assertEqual(trajs, [])      # they went to watch
+    self.assertEqual(sorted(ended), list(SEEDS))
+    for i, traj in ended.items():
+      np.testing.assert_array_equal(traj.tokens, reference[i].tokens)
+      np.testing.assert_allclose(traj.sampler_logp, reference[i].sampler_logp, atol=1e-5)
+    self.assertLen(sampled, sum(len(t.turn_rewards) for t in reference))
+    for key in ("rollout/sampled_tokens", "env/steps", "env/resets"):
+      self.assertEqual(metrics[key], ref_metrics[key])
+    with self.assertRaisesRegex(ValueError, "pass watch="):
+      engine.run(PARAMS, TOK, [], [], rng=jax.random.key(2), arrivals=arrivals, **KW)
+
   def test_a_group_shares_one_prefill(self):
     G = 3
     grouped = [s for s in SEEDS for _ in range(G)]

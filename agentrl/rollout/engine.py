@@ -31,6 +31,15 @@ episodes); `agent_loop.run_per_turn` is the simple per-turn reference it is test
   fold_in(fold_in(fold_in(rng, e), u), s): the same rng and seeds give the same trajectories
   whatever the slot count, env latency or completion order. Greedy decoding gives the same
   tokens as `agent_loop.run_per_turn`.
+- **Episodes that arrive while it runs** (a server: agentrl/serve/sessions.py). `arrivals`
+  is polled at every scheduling round for new (env, seed[, greedy]) episodes, which are
+  numbered after the ones before them (their keys are fold_in(rng, e) as above, so an
+  episode's tokens do not depend on when it arrived), until it returns None; the run then
+  ends once every episode has. Such a run keeps no trajectory: each episode's goes to
+  `watch` when it ends (a server runs for days), and keeps only a few list entries per episode.
+- **Watching.** `watch(kind, env, trajectory)` is called on the scheduler thread when a model
+  turn was sampled ("sampled", before the env gets its text) and when an episode ended
+  ("ended"), with the env as given to the run.
 
 Token bookkeeping, SafeEnv wrapping, metrics and the Trajectory format are `agent_loop`'s.
 """
@@ -57,6 +66,8 @@ from agentrl.rollout import env_workers as workers_lib
 from agentrl.rollout import sampler as sampler_lib
 
 _GAP_S = 0.002   # an env result gap after which a decode chunk starts without waiting longer
+_POLL_S = 0.005  # the longest wait for env results while episodes may arrive
+_IDLE_WAIT_S = 0.05   # how long an idle serving run waits for an arrival before looking again
 
 
 class _Slot:
@@ -136,8 +147,8 @@ class Engine:
           greedy: bool | Sequence[bool] = False, chat_template: bool = True,
           system_prompt: str | None = None, temperature: float = 1.0, top_k: int = 0,
           top_p: float = 1.0, logp_mode: str = "tempered", adaptive_temperature=None,
-          brancher=None, max_branches: int | None = None, alternatives: int = 0
-          ) -> tuple[list[agent_loop.Trajectory], dict[str, float]]:
+          brancher=None, max_branches: int | None = None, alternatives: int = 0,
+          arrivals=None, watch=None) -> tuple[list[agent_loop.Trajectory], dict[str, float]]:
     """Runs env i from reset(seeds[i]) for up to max_turns model turns; returns (trajs, metrics).
 
     Args:
@@ -162,6 +173,13 @@ class Engine:
       alternatives: A > 0 records, for every sampled token, the A most likely tokens and
         their log-probs (`Trajectory.alternatives`, `alternative_logp`; what LATR's branch
         trigger reads).
+      arrivals: None, or a function wait_s -> a list of (env, seed) or (env, seed, greedy)
+        episodes to add (it may block up to wait_s seconds for one; the engine passes 0 while
+        it has work), or None once no more will come (module docstring). Needs `watch`;
+        the run then returns no trajectories.
+      watch: None, or a function (kind, env, trajectory) -> None called on the scheduler
+        thread at each sampled turn ("sampled") and episode end ("ended"); it must not raise
+        and should return quickly.
     """
     if len(envs) != len(seeds):
       raise ValueError(f"got {len(envs)} envs but {len(seeds)} seeds; pass one seed per env.")
@@ -172,29 +190,35 @@ class Engine:
     flags = [bool(greedy)] * len(envs) if isinstance(greedy, bool) else [bool(g) for g in greedy]
     if len(flags) != len(envs):
       raise ValueError(f"greedy has {len(flags)} entries but there are {len(envs)} envs.")
+    if brancher is not None and (arrivals is not None or watch is not None):
+      raise ValueError("Engine.run: brancher cannot be combined with arrivals or watch.")
+    if arrivals is not None and watch is None:
+      raise ValueError("Engine.run(arrivals=...) keeps no trajectory: pass watch= to get "
+                       "each episode's trajectory when it ends.")
     render = agent_loop.Renderer(tok, chat_template=chat_template, system_prompt=system_prompt)
-    safe_envs = [e if isinstance(e, safe.SafeEnv) else safe.SafeEnv(e) for e in envs]
-    before = [dict(e.counters) for e in safe_envs]
-    rows = [agent_loop.Row(env, g) for env, g in zip(safe_envs, flags)]
     sampling = dict(temperature=np.float32(temperature), top_p=np.float32(top_p),
                     top_k=int(top_k), use_top_p=top_p < 1.0, logp_mode=logp_mode,
                     adaptive_6=sampler_lib.adaptive_params(adaptive_temperature))
-    run = _Run(self, params, tok, rows, seeds, render, rng=rng, max_turns=max_turns,
+    run = _Run(self, params, tok, len(envs), render, rng=rng, max_turns=max_turns,
                max_new_tokens=max_new_tokens, max_len=max_len, sampling=sampling,
                brancher=brancher, max_branches=64 * len(envs) if max_branches is None
-               else max_branches, alternatives=alternatives)
+               else max_branches, alternatives=alternatives, serving=arrivals is not None,
+               watch=watch)
+    run.add(envs, seeds, flags)
     workers = workers_lib.EnvWorkers(self.env_workers, self.env_timeout_s)
     try:
-      run.loop(workers)
+      run.loop(workers, arrivals)
     finally:
       workers.close()
     trajs = run.trajectories()
-    timeouts = run.counts.pop("env_timeouts")
+    run.ended_counts["env_timeouts"] += run.counts.pop("env_timeouts")
     metrics = {f"rollout/{k}": float(v) for k, v in run.counts.items()}
     metrics["rollout/turn_cut_frac"] = run.cut_turns / max(run.model_turns, 1)
     metrics["rollout/prefill_tokens"] = float(run.prefill_tokens)
-    metrics.update(agent_loop.env_metrics(safe_envs + run.branch_envs, before + run.branch_before,
-                                          {"env_timeouts": timeouts}))
+    live = [i for i, e in enumerate(run.safe_envs) if e is not None]
+    metrics.update(agent_loop.env_metrics(
+        [run.safe_envs[i] for i in live] + run.branch_envs,
+        [run.before[i] for i in live] + run.branch_before, run.ended_counts))
     metrics.update(agent_loop.summarize(trajs))
     return trajs, metrics
 
@@ -221,10 +245,10 @@ def _programs(graphdef):
 class _Run:
   """One `Engine.run`: the scheduler's host state and the device cache."""
 
-  def __init__(self, engine, params, tok, rows, seeds, render, *, rng, max_turns,
-               max_new_tokens, max_len, sampling, brancher, max_branches, alternatives):
-    self.e, self.params, self.tok, self.rows = engine, params, tok, rows
-    self.seeds = list(seeds)
+  def __init__(self, engine, params, tok, num_envs, render, *, rng, max_turns,
+               max_new_tokens, max_len, sampling, brancher, max_branches, alternatives,
+               serving, watch):
+    self.e, self.params, self.tok = engine, params, tok
     self.render, self.max_turns, self.max_new = render, max_turns, max_new_tokens
     self.max_len, self.rng, self.sampling = max_len, rng, sampling
     model = nnx.merge(engine.graphdef, params)
@@ -236,7 +260,8 @@ class _Run:
     unroll = engine.unroll_layers and type(model) in (transformer.Transformer,
                                                       lora.LoraTransformer)
     self.layers = engine.unstack(self.params) if unroll else None
-    self.B = min(engine.slots, sampler_lib.bucket(len(rows)))
+    # A serving run does not know how many episodes will come: it takes every slot.
+    self.B = engine.slots if serving else min(engine.slots, sampler_lib.bucket(num_envs))
     # Every decode step attends over all `capacity` columns, so the cache starts near one
     # transcript's length and grows by doubling; each capacity is one compiled shape.
     self.capacity = sampler_lib.bucket(min(max_len, 256) + engine.chunk, 32)
@@ -244,7 +269,6 @@ class _Run:
                                         per_layer=self.layers is not None)
     self.col = 0
     self.slots = [_Slot() for _ in range(self.B)]
-    self.waiting = list(range(len(rows)))[::-1]   # episodes not started, popped in order
     stops = sorted({int(t) for t in tok.end_of_turn_ids} | {int(tok.eos_id)})
     self.stop_BK = np.tile(np.asarray(stops, np.int32), (self.B, 1))
     self.counts = collections.Counter(obs_overflow=0, prompt_overflow=0, sampled_tokens=0,
@@ -254,24 +278,60 @@ class _Run:
     if not jnp.issubdtype(rng.dtype, jax.dtypes.prng_key):
       self.rng = rng = jax.random.wrap_key_data(rng)    # a legacy uint32 key
     self.impl = jax.random.key_impl(rng)
-    root_keys = jax.vmap(lambda e: jax.random.key_data(jax.random.fold_in(rng, e)))(
-        jax.device_put(np.arange(len(rows), dtype=np.uint32)))
-    self.keys = list(np.asarray(jax.device_get(root_keys)))
     self.brancher, self.max_branches = brancher, max_branches
     self.alternatives, self.vocab = int(alternatives), cfg.vocab
     if brancher is not None:
       self.counts.update(branches=0, fork_kv_tokens=0, fork_failures=0)
-    self.paths = [(e,) for e in range(len(rows))]
-    self.depth, self.forks_made = [0] * len(rows), [0] * len(rows)
+    # Per episode (roots, then arrivals and branches in the order they come).
+    self.rows, self.seeds, self.keys, self.paths, self.depth, self.forks_made = \
+        [], [], [], [], [], []
+    self.given, self.safe_envs, self.before = [], [], []   # roots: as given, wrapped, counters
+    self.waiting = []   # root episodes not started, the next one last
+    self.serving, self.watch, self.polling = serving, watch, False
+    self.ended_counts = collections.Counter()   # env counters of released episodes
     self.source = {}   # branch -> (parent, at, mid-turn, turn start, turn, forced token)
     self.queued = collections.deque()   # branches not started, before the waiting roots
     self.freed = [None] * self.B   # a free row's leftover KV: (episode, tokens it holds)
     self.copies = []        # (src, dst, keep) row copies to make before the next program
     self.branch_envs, self.branch_before = [], []
 
-  def loop(self, workers: workers_lib.EnvWorkers) -> None:
-    while (self.waiting or self.queued or workers.in_flight
+  def add(self, envs, seeds, flags) -> None:
+    """Adds root episodes (the run's envs, or arrivals), numbered after the ones before."""
+    first, n = len(self.rows), len(envs)
+    safe_envs = [e if isinstance(e, safe.SafeEnv) else safe.SafeEnv(e) for e in envs]
+    self.given += list(envs)
+    self.safe_envs += safe_envs
+    self.before += [dict(e.counters) for e in safe_envs]
+    self.rows += [agent_loop.Row(env, bool(g)) for env, g in zip(safe_envs, flags)]
+    self.seeds += list(seeds)
+    if n:   # indices padded to a power of two: a few key programs for any arrival sizes
+      index = np.arange(first, first + sampler_lib.bucket(n), dtype=np.uint32)
+      keys = jax.vmap(lambda e: jax.random.key_data(jax.random.fold_in(self.rng, e)))(
+          jax.device_put(index))
+      self.keys += list(np.asarray(jax.device_get(keys))[:n])
+    self.paths += [(e,) for e in range(first, first + n)]
+    self.depth += [0] * n
+    self.forks_made += [0] * n
+    self.waiting[:0] = range(first + n - 1, first - 1, -1)
+
+  def _arrive(self, arrivals, workers: workers_lib.EnvWorkers) -> bool:
+    """Adds the episodes that arrived (waiting a little when the run is idle); False once
+    `arrivals` is closed."""
+    idle = not (self.waiting or workers.in_flight
+                or any(s.episode is not None for s in self.slots))
+    new = arrivals(_IDLE_WAIT_S if idle else 0.0)
+    if new is None:
+      return False
+    new = [tuple(item) + (False,) * (3 - len(item)) for item in new]
+    self.add([a[0] for a in new], [a[1] for a in new], [a[2] for a in new])
+    return True
+
+  def loop(self, workers: workers_lib.EnvWorkers, arrivals=None) -> None:
+    self.polling = arrivals is not None
+    while (self.polling or self.waiting or self.queued or workers.in_flight
            or any(s.episode is not None for s in self.slots)):
+      if self.polling:
+        self.polling = self._arrive(arrivals, workers)
       holders = self._holders()
       for i, slot in enumerate(self.slots):         # new episodes take free slots
         if slot.episode is None and (self.waiting or self.queued):
@@ -292,6 +352,8 @@ class _Run:
         for i, action in self._decode_chunk(decoding):
           e = self.slots[i].episode
           self._branch("sampled", e)
+          if self.watch is not None:
+            self.watch("sampled", self.given[e], self.rows[e].trajectory())
           self.rows[e].actions.append(action)
           workers.submit(workers_lib.Call(i, "step", self.rows[e].env.step, action))
 
@@ -303,10 +365,12 @@ class _Run:
     while workers.in_flight:
       busy = workers.busy()
       ready = any(s.episode is not None and i not in busy for i, s in enumerate(self.slots))
-      calls = workers.collect(block=True, max_wait_s=_GAP_S if ready else None)
+      # While episodes may arrive, a wait for env results is short, so arrivals are polled.
+      calls = workers.collect(block=True, max_wait_s=_GAP_S if ready else
+                              _POLL_S if self.polling else None)
       for call in calls:
         self._apply(self.slots[call.slot], call)
-      if ready and (not calls or time.monotonic() > deadline):
+      if (ready or self.polling) and (not calls or time.monotonic() > deadline):
         return
 
   def _apply(self, slot, call: workers_lib.Call) -> None:
@@ -346,10 +410,23 @@ class _Run:
       self.freed[call.slot] = (e, slot.cached)
       slot.episode = None
       self._branch("finished", e)
+      self._ended(e)
     else:
       if call.kind == "step":
         self._branch("stepped", e)
       slot.pending = True
+
+  def _ended(self, e: int) -> None:
+    """Hands episode e's trajectory to `watch`; a serving run then lets the episode go,
+    keeping its env counters' totals for the metrics."""
+    if self.watch is not None:
+      self.watch("ended", self.given[e], self.rows[e].trajectory())
+    if self.serving:
+      env, before = self.safe_envs[e], self.before[e]
+      self.ended_counts.update({k: env.counters[k] - before[k] for k in safe.COUNTERS})
+      for per_episode in (self.rows, self.given, self.safe_envs, self.before, self.seeds,
+                          self.keys, self.paths):
+        per_episode[e] = None
 
   def _branch(self, kind: str, e: int) -> None:
     """Asks the brancher about episode e at a `kind` point and queues the branches."""
@@ -477,7 +554,10 @@ class _Run:
     self.copies = []
 
   def trajectories(self) -> list[agent_loop.Trajectory]:
-    """The rows' trajectories in `branching.order`, parents as indices of that list."""
+    """The rows' trajectories in `branching.order`, parents as indices of that list (none
+    for a serving run: they went to `watch`)."""
+    if self.serving:
+      return []
     order = branching.order(self.paths)
     index = {old: new for new, old in enumerate(order)}
     trajs = [self.rows[old].trajectory() for old in order]
@@ -554,7 +634,8 @@ class _Run:
     self._room(K)
     feed, pos = np.zeros((B,), np.int32), np.zeros((B,), np.int32)
     active, budget = np.zeros((B,), bool), np.zeros((B,), np.int32)
-    keys = np.zeros((B, *self.keys[0].shape), self.keys[0].dtype)
+    like = self.keys[self.slots[decoding[0]].episode]   # (episode 0's may be let go)
+    keys = np.zeros((B, *like.shape), like.dtype)
     turn, step0 = np.zeros((B,), np.int32), np.zeros((B,), np.int32)
     greedy, force = np.zeros((B,), bool), np.full((B,), -1, np.int32)
     for i in decoding:

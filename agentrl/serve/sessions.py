@@ -1,0 +1,893 @@
+"""Chat sessions as rollout episodes: the backend of the OpenAI-compatible server.
+
+A client session (the requests of one conversation, tied by the X-Session-Id header or the
+`user` field) is one episode of the rollout engine (agentrl/rollout/engine.py), seen from the
+engine as an env, `ClientEnv`:
+
+  reset(seed)   blocks until the session's first request and returns its last user message;
+                the env's `system_prompt` is the request's system (and developer) messages
+                followed by the tools' part of the system prompt in the configured
+                `tool_format` (envs/tool_calls.py `Toolbox.system_prompt`, the text the tool
+                envs train with), and its `examples` are the messages between the system
+                messages and that user message.
+  step(action)  hands the sampled turn back to the waiting request, then blocks until the
+                session's next request and returns its new messages as the observation: tool
+                results (with info["tool_results"], so the Renderer renders them in the
+                template's tool role as for any tool env) or user text.
+
+Token-in, token-out. The engine samples a turn's ids and feeds them back as they are; the text
+a client gets is parsed from their decoding (content, and `tool_calls` read by the model
+family's parser) and is never tokenized again: the next request's history is checked against
+what the session returned (message for message, content and tool calls), and only its new
+messages are rendered and prefilled. So a session's trajectory holds exactly the sampled ids,
+with the sampler's log-probs, and nothing a client re-serialized.
+
+Training (`SessionHub`, an experiment's rollout):
+
+  hub = SessionHub(tok, model_name="policy", tool_format="hermes", temperature=1.0)
+  envs = hub.open(32)                              # give envs[i].session_id to agent i
+  trajs, metrics = engine.run(params, tok, envs, seeds, watch=hub.watch, ...)
+  # meanwhile each agent calls the server with its session id, then hub.finish(id, reward)
+  hub.close_all()
+
+`watch=hub.watch` is required: it tells a session its turn's token counts and its end. A
+session's episode ends when `finish(reward)` answers its blocked step (done, that reward), when
+it is dropped (`drop(why)`, a client that waited more than session_timeout_s, a client that
+disconnected while its request was sampled, `close_all`: info["dropped"] says why and
+`env.dropped` too, so the experiment trains on none of it), or when the rollout's max_turns or
+max_len ends it: the session's next request then fails with a 400 naming the limit, and a
+later `finish(reward)` only sets `env.reward` (the experiment reads it there).
+
+Sampling parameters. The engine samples a whole run with one temperature and top_p, and the
+trainer's log-probs assume them, so in training a request's temperature, top_p, seed, stop and
+max_tokens are not applied; a request that asks for other values than the run's is counted in
+serve/ignored_sampling. When serving (`EngineBackend`), temperature 0 samples that session
+greedily, any other temperature or top_p must equal the server's (400 naming it), `stop`
+cuts the reply of a session-less request (a one-turn episode) and is ignored otherwise;
+seed and a max_tokens below the server's max_new_tokens are not applied (counted).
+
+Messages. A request's messages are system/developer messages first, then user, assistant and
+tool messages; a session's first request ends with a user message. After an assistant turn,
+new messages are tool messages (answering that turn's calls by tool_call_id), user messages,
+or tool messages then user messages (rendered together as one user message). A tool must be
+expressible as a `tool_calls.Tool`: arguments typed string, number or integer (a 400 names the
+tool and argument otherwise); tool_choice "auto" or "none" ("none": calls are not parsed).
+
+Counters (`hub.stats`): serve/sessions (opened), serve/dropped, serve/timeouts (dropped for
+waiting too long), serve/diverged (requests whose history did not match), serve/ignored_sampling.
+
+Threads. `chat` runs on the server's event loop and never blocks it: a request is checked and
+handed to its session under the session's lock, and its reply is a concurrent future the
+engine's env thread completes. Every open session holds one of the engine's env workers while it
+waits for its client, so the engine needs env_workers >= the sessions open at once and an
+env_timeout_s above session_timeout_s (`check_engine`); it also holds a decode slot (a KV
+cache row), so at most `slots` sessions are under way and the others' first requests wait.
+
+Serving. A session id names one conversation: a request whose history is not the session's
+fails while the session is open; once it ended (e.g. timed out), a request without assistant
+messages starts a new session under that id. Serving sessions end by the timeout, the
+rollout's budgets or `stop()`.
+"""
+import asyncio
+import collections
+import concurrent.futures
+import dataclasses
+import json
+import queue
+import threading
+import time
+import uuid
+from typing import Any, Callable, Sequence
+
+from absl import logging
+import jax
+import numpy as np
+
+from agentrl.envs import base
+from agentrl.envs import safe
+from agentrl.envs import tool_calls
+from agentrl.rewards import extract
+from agentrl.rollout import agent_loop
+from agentrl.serve import protocol
+
+HEADER = "X-Session-Id"
+STATS = ("serve/sessions", "serve/dropped", "serve/timeouts", "serve/diverged",
+         "serve/ignored_sampling")
+_ENDED_KEPT = 4096   # ended sessions remembered, so their requests get "ended", not "unknown"
+
+
+class SessionDropped(RuntimeError):
+  """A session ended before its first request was sampled (dropped, closed or finished)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class SampledTurn:
+  """One model turn of a session, as sampled and as returned.
+
+  Attributes:
+    ids: the sampled ids (the stop id included when the turn stopped).
+    text: their decoding without the stop id (the env's action).
+    prompt_tokens: the transcript's length before the turn.
+    choice: what the client got.
+  """
+  ids: np.ndarray
+  text: str
+  prompt_tokens: int
+  choice: protocol.Choice
+
+
+@dataclasses.dataclass
+class _Request:
+  """A request handed to a session: what to feed the engine, and its reply."""
+  request: protocol.ChatRequest
+  messages: list[dict]            # the normalized history it carries
+  future: concurrent.futures.Future
+  opening: dict | None = None     # first request: system_prompt, examples, user
+  obs: str = ""                   # later request: the observation text
+  tool_results: list[str] | None = None
+
+
+# Messages.
+
+
+def _bad(message: str, param: str | None = "messages") -> protocol.APIError:
+  return protocol.APIError(400, message, param=param)
+
+
+def _arguments_key(arguments) -> str:
+  """A tool call's arguments for comparison: canonical JSON when they parse."""
+  try:
+    return json.dumps(json.loads(arguments), sort_keys=True)
+  except (TypeError, ValueError):
+    return str(arguments)
+
+
+def _call_key(call: Any, where: str) -> tuple:
+  if not isinstance(call, dict) or not isinstance(call.get("function"), dict):
+    raise _bad(f"{where}: a tool call is {{id, type: 'function', function: {{name, "
+               "arguments}}}}")
+  fn = call["function"]
+  return (call.get("id"), fn.get("name"), _arguments_key(fn.get("arguments", "{}")))
+
+
+def normalize(messages: Sequence[dict]) -> list[dict]:
+  """Messages as sessions compare them: role (developer -> system), content ("" for None),
+  an assistant's tool calls as (id, name, canonical arguments), a tool message's call id."""
+  out = []
+  for k, m in enumerate(messages):
+    if not isinstance(m, dict):
+      raise _bad(f"messages[{k}] must be an object with a role and content.")
+    role = m.get("role")
+    role = "system" if role == "developer" else role
+    if role not in ("system", "user", "assistant", "tool"):
+      raise _bad(f"messages[{k}] has role {role!r}; use system, developer, user, assistant or "
+                 "tool.")
+    content = m.get("content")
+    if content is not None and not isinstance(content, str):
+      raise _bad(f"messages[{k}].content must be text.")
+    entry = {"role": role, "content": content or ""}
+    if role == "assistant":
+      entry["tool_calls"] = tuple(_call_key(c, f"messages[{k}]")
+                                  for c in m.get("tool_calls") or ())
+    if role == "tool":
+      entry["tool_call_id"] = m.get("tool_call_id")
+    out.append(entry)
+  return out
+
+
+def tools_of(specs: Sequence[dict] | None) -> list[tool_calls.Tool]:
+  """The request's tools as `tool_calls.Tool`s; an APIError 400 names a tool or argument the
+  Tool cannot express (arguments must be typed string, number or integer)."""
+  tools = []
+  for i, spec in enumerate(specs or ()):
+    fn = spec.get("function") if isinstance(spec, dict) else None
+    if not isinstance(fn, dict) or spec.get("type") != "function":
+      raise _bad(f"tools[{i}] must be {{type: 'function', function: {{name, description, "
+                 "parameters}}}}.", "tools")
+    name = fn.get("name")
+    schema = fn.get("parameters") or {}
+    props = (schema.get("properties") or {}) if isinstance(schema, dict) else None
+    if not isinstance(props, dict):
+      raise _bad(f"tools[{i}] ({name!r}): parameters must be a JSON object schema.", "tools")
+    types = {}
+    for arg, arg_schema in props.items():
+      kind = arg_schema.get("type") if isinstance(arg_schema, dict) else None
+      if kind not in tool_calls.TYPES:
+        raise _bad(f"tools[{i}] ({name!r}): argument {arg!r} has JSON type {kind!r}; this "
+                   f"server's tool format supports {', '.join(tool_calls.TYPES)}.", "tools")
+      types[arg] = kind
+    try:
+      tools.append(tool_calls.Tool(str(name), str(fn.get("description") or ""), types))
+    except ValueError as e:
+      raise _bad(f"tools[{i}]: {e}", "tools") from e
+  return tools
+
+
+def _tool_answers(toolbox, calls: dict[str, tuple], messages: Sequence[dict],
+                  first: int) -> tool_calls.Results:
+  """Tool messages rendered as a tool env renders results (Toolbox.run): `calls` maps a call
+  id to its (name, arguments) of the assistant turn they answer."""
+  found = []
+  for k, m in enumerate(messages):
+    if m["tool_call_id"] not in calls:
+      raise _bad(f"messages[{first + k}] answers tool_call_id {m['tool_call_id']!r}, not a "
+                 "call of the assistant message before it.")
+    name, args = calls[m["tool_call_id"]]
+    if toolbox.fmt == "tags" and name not in toolbox.tools:   # its result tag is the tool's
+      raise _bad(f"messages[{first + k}] answers a call of {name!r}, not one of the tools.")
+    found.append((tool_calls.Call(name, args), m["content"]))
+  answers = {id(call): content for call, content in found}
+  return toolbox.run([call for call, _ in found], lambda call: answers[id(call)])
+
+
+def _calls_by_id(message: dict) -> dict[str, tuple]:
+  """An assistant message's tool calls: id -> (name, arguments as a dict, or {})."""
+  calls = {}
+  for cid, name, args in message.get("tool_calls", ()):
+    try:
+      parsed = json.loads(args)
+    except ValueError:
+      parsed = {}
+    calls[cid] = (name, parsed if isinstance(parsed, dict) else {})
+  return calls
+
+
+def _assistant_text(toolbox, message: dict, k: int) -> str:
+  """An assistant message of the history as the model would have written it."""
+  calls = message["tool_calls"]
+  if not calls:
+    return message["content"]
+  if toolbox is None:
+    raise _bad(f"messages[{k}] has tool calls but the request lists no tools.")
+  try:
+    text = [toolbox.format_call({"name": name, "arguments": json.loads(args)})
+            for _, name, args in calls]
+  except (ValueError, TypeError, KeyError) as e:
+    raise _bad(f"messages[{k}]: a tool call this tool format cannot write ({e})") from e
+  return "\n".join(([message["content"]] if message["content"] else []) + text)
+
+
+def opening(messages: list[dict], toolbox) -> dict:
+  """A session's first request as the env's reset shows it: system_prompt, examples (few-shot
+  chat messages, agentrl/envs/few_shot.py) and the user text."""
+  n_system = next((k for k, m in enumerate(messages) if m["role"] != "system"), len(messages))
+  if not messages or messages[-1]["role"] != "user" or n_system == len(messages):
+    raise _bad("a session's first request must end with a user message.")
+  system = "\n\n".join(m["content"] for m in messages[:n_system])
+  examples, k = [], n_system
+  while k < len(messages) - 1:
+    m = messages[k]
+    if m["role"] == "system":
+      raise _bad(f"messages[{k}]: system and developer messages must come first.")
+    if m["role"] == "tool":
+      if toolbox is None:
+        raise _bad(f"messages[{k}] is a tool message but the request lists no tools.")
+      run = k
+      while run < len(messages) - 1 and messages[run]["role"] == "tool":
+        run += 1
+      before = messages[k - 1] if k > n_system else {}
+      results = _tool_answers(toolbox, _calls_by_id(before), messages[k:run], k)
+      examples.append({"role": "user", "content": results.observation,
+                       "tool_results": list(results.tool_results)})
+      k = run
+      continue
+    text = _assistant_text(toolbox, m, k) if m["role"] == "assistant" else m["content"]
+    examples.append({"role": m["role"], "content": text})
+    k += 1
+  if toolbox is not None:
+    system = toolbox.system_prompt(intro=system)
+  return dict(system_prompt=system, examples=tuple(examples),
+              user=messages[-1]["content"])
+
+
+def reply(text: str, toolbox, stopped: bool) -> protocol.Choice:
+  """The choice for a sampled turn's text: the tool calls the model family's parser reads in
+  it (each with a new id) and the text around them as content (None when empty)."""
+  calls, spans = [], []
+  if toolbox is not None:
+    capped = extract.cap(text)
+    offset = len(text) - len(capped)
+    tags = {"tool_call"} if toolbox.fmt == "hermes" else set(toolbox.by_tag)
+    ends = {s: e for tag in tags for s, e, _ in extract.tag_spans(capped, tag)}
+    for call in toolbox.parse(text).calls:
+      if call.arguments is None:
+        continue   # not a call: it stays in the content
+      calls.append({"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+                    "function": {"name": call.name,
+                                 "arguments": json.dumps(call.arguments)}})
+      spans.append((offset + call.start, offset + ends.get(call.start, len(capped))))
+  if calls:
+    pieces, at = [], 0
+    for start, end in sorted(spans):
+      pieces.append(text[at:start])
+      at = end
+    content = ("".join(pieces) + text[at:]).strip() or None
+    finish = "tool_calls"
+  else:
+    content, finish = text, "stop" if stopped else "length"
+  return protocol.Choice(index=0, content=content, tool_calls=tuple(calls),
+                         finish_reason=finish)
+
+
+def returned(choice: protocol.Choice) -> dict:
+  """The assistant message a choice adds to its session's history (normalized)."""
+  return normalize([{"role": "assistant", "content": choice.content,
+                     "tool_calls": list(choice.tool_calls)}])[0]
+
+
+def _set(future: concurrent.futures.Future, *, result=None, error=None) -> None:
+  """Completes a reply future unless it is done (e.g. cancelled: the client went away)."""
+  try:
+    if error is not None:
+      future.set_exception(error)
+    else:
+      future.set_result(result)
+  except concurrent.futures.InvalidStateError:
+    pass
+
+
+class ClientEnv:
+  """One client session seen from the engine as an env (module docstring).
+
+  Attributes:
+    session_id: the id its requests carry (X-Session-Id header or `user`).
+    turns: its model turns (`SampledTurn`), in order.
+    reward: the reward `finish` gave (None before).
+    dropped: why the episode was dropped ("" if it was not).
+    ended: why the session ended ("" while it is open).
+    trajectory: its trajectory once the engine ended the episode (None before).
+  """
+  replayable = False
+  max_turns = 2**31 - 1   # the rollout's max_turns ends it
+
+  def __init__(self, hub: "SessionHub", session_id: str, *, one_turn: bool = False,
+               greedy: bool = False):
+    self.hub, self.session_id, self.one_turn, self.greedy = hub, session_id, one_turn, greedy
+    self.system_prompt, self.examples = "", ()
+    self.turns: list[SampledTurn] = []
+    self.reward, self.dropped, self.ended, self.trajectory = None, "", "", None
+    self._cv = threading.Condition()
+    self._inbox = None       # a request accepted but not yet taken by reset/step
+    self._pending = None     # the request whose reply the engine is sampling
+    self._history = None     # normalized messages so far; None before the first request
+    self._toolbox, self._tools_key = None, None
+    self._sampled = None     # (ids, prompt_tokens) of the turn just sampled (watch)
+    self._finish = None      # the reward `finish` gave while the session was open
+
+  # The server's side (event loop thread).
+
+  def submit(self, request: protocol.ChatRequest) -> concurrent.futures.Future:
+    """Checks a request against the session and hands it over; its reply future. Raises
+    APIError when the session cannot take it."""
+    with self._cv:
+      if self.ended or self.dropped or self._finish is not None:
+        raise _bad(f"session {self.session_id} ended: {self._why()}", None)
+      if self._inbox is not None or self._pending is not None:
+        raise _bad(f"session {self.session_id} already has a request in flight; send the "
+                   "next one after its reply.", None)
+      messages = normalize(request.messages)
+      item = _Request(request, messages, concurrent.futures.Future())
+      if self._history is None:
+        self._open(item)
+      else:
+        self._continue(item)
+      item.future.add_done_callback(self._maybe_gone)
+      self._inbox = item
+      self._cv.notify_all()
+    return item.future
+
+  def _open(self, item: _Request) -> None:
+    tools = tools_of(item.request.tools)
+    if item.request.tool_choice not in (None, "auto", "none"):
+      raise _bad(f"tool_choice={item.request.tool_choice!r} is not supported: the engine does "
+                 "not constrain decoding; use 'auto' or 'none'.", "tool_choice")
+    self._toolbox = tool_calls.Toolbox(tools, self.hub.tool_format) if tools else None
+    item.opening = opening(item.messages, self._toolbox)
+    self._tools_key = json.dumps(item.request.tools or None, sort_keys=True)
+
+  def _continue(self, item: _Request) -> None:
+    history, messages = self._history, item.messages
+    k = next((k for k, (a, b) in enumerate(zip(history, messages)) if a != b),
+             min(len(history), len(messages)))
+    tools_key = json.dumps(item.request.tools or None, sort_keys=True)
+    if k < len(history) or tools_key != self._tools_key:
+      self.hub.count("serve/diverged")
+      what = (f"message {k}" if k < len(history) else "its tools")
+      raise _bad(f"the history of session {self.session_id} diverged at {what}: send the "
+                 "session's messages as returned (content and tool calls), then only new "
+                 "tool or user messages.")
+    new = messages[len(history):]
+    if not new:
+      raise _bad(f"session {self.session_id}: the request has no new message after the last "
+                 "assistant message.")
+    roles = [m["role"] for m in new]
+    n_tools = next((k for k, r in enumerate(roles) if r != "tool"), len(roles))
+    if any(r != "user" for r in roles[n_tools:]):
+      raise _bad(f"session {self.session_id}: new messages after an assistant message must "
+                 "be tool messages, then user messages; got roles "
+                 f"{', '.join(roles)}.")
+    parts, item.tool_results = [], None
+    if n_tools:
+      if self._toolbox is None:
+        raise _bad("tool messages, but the session's requests list no tools.")
+      results = _tool_answers(self._toolbox, _calls_by_id(history[-1]), new[:n_tools],
+                              len(history))
+      parts.append(results.observation)
+      item.tool_results = list(results.tool_results)
+    users = [m["content"] for m in new[n_tools:]]
+    if users:
+      parts.append("\n\n".join(users))
+      item.tool_results = None   # tool and user messages together: one user message
+    item.obs = "\n\n".join(parts)
+
+  def _maybe_gone(self, future: concurrent.futures.Future) -> None:
+    if future.cancelled():
+      self.drop("the client disconnected before its reply")
+
+  # The engine's side (env worker threads).
+
+  def reset(self, seed: int) -> str:
+    """Waits for the session's first request; its last user message (module docstring)."""
+    del seed   # a client session is not a seeded task
+    item = self._wait()
+    with self._cv:
+      self._pending, self._history = item, item.messages
+      self.system_prompt = item.opening["system_prompt"]
+      self.examples = item.opening["examples"]
+    return item.opening["user"]
+
+  def step(self, action: str) -> base.StepResult:
+    """Answers the waiting request with the sampled turn, then waits for the next one."""
+    with self._cv:
+      item, self._pending = self._pending, None
+      sampled, self._sampled = self._sampled, None
+    if item is None:   # the session ended while its turn was sampled
+      return self._end_result()
+    if sampled is None:
+      _set(item.future, error=protocol.APIError(
+          500, "the engine runs sessions without watch=hub.watch", type="server_error"))
+      raise RuntimeError("ClientEnv needs the engine run's watch=hub.watch (its turn's ids).")
+    ids, prompt_tokens = sampled
+    stop_ids = self.hub.stop_ids
+    stopped = bool(len(ids)) and int(ids[-1]) in stop_ids
+    text = action
+    if self.one_turn and item.request.stop:   # a one-turn episode may cut its reply
+      cut = min((text.find(s) for s in item.request.stop if s and s in text), default=-1)
+      text, stopped = (text[:cut], True) if cut >= 0 else (text, stopped)
+    parse = item.request.tool_choice != "none"
+    choice = reply(text, self._toolbox if parse else None, stopped)
+    with self._cv:
+      self.turns.append(SampledTurn(np.asarray(ids), action, prompt_tokens, choice))
+      self._history = self._history + [returned(choice)]
+    _set(item.future, result=protocol.Completion(choices=(choice,), prompt_tokens=prompt_tokens,
+                                                 completion_tokens=len(ids)))
+    if self.one_turn:
+      with self._cv:
+        self.ended = self.ended or "one-turn request answered"
+      return "", 0.0, True, base.make_info(reward=0.0, session=self.session_id)
+    try:
+      item = self._wait()
+    except (SessionDropped, safe.EnvTimeout):
+      return self._end_result()
+    with self._cv:
+      self._pending, self._history = item, item.messages
+    info = base.make_info(reward=0.0, session=self.session_id)
+    if item.tool_results is not None:
+      info[agent_loop.TOOL_RESULTS] = item.tool_results
+    return item.obs, 0.0, False, info
+
+  def _wait(self) -> _Request:
+    """The next request; raises SessionDropped or EnvTimeout when the session ends first."""
+    deadline = time.monotonic() + self.hub.session_timeout_s
+    with self._cv:
+      while (self._inbox is None and not self.dropped and not self.ended
+             and self._finish is None):
+        left = deadline - time.monotonic()
+        if left <= 0:
+          break
+        self._cv.wait(left)
+      item, self._inbox = self._inbox, None
+      if item is not None and not (self.dropped or self.ended or self._finish is not None):
+        return item
+    if item is not None:
+      _set(item.future, error=_bad(f"session {self.session_id} ended: {self._why()}", None))
+    if not (self.dropped or self.ended or self._finish is not None):
+      self.hub.count("serve/timeouts")
+      self.drop(f"no request within session_timeout_s={self.hub.session_timeout_s}")
+      raise safe.EnvTimeout(f"session {self.session_id}: {self.dropped}")
+    raise SessionDropped(f"session {self.session_id} ended: {self._why()}")
+
+  def _end_result(self) -> base.StepResult:
+    with self._cv:
+      if self.dropped:
+        return "", 0.0, True, base.make_info(reward=0.0, error=f"dropped: {self.dropped}",
+                                             dropped=self.dropped, session=self.session_id)
+      reward = float(self._finish if self._finish is not None else 0.0)
+    return "", reward, True, base.make_info(reward=reward, session=self.session_id)
+
+  def _why(self) -> str:
+    if self.dropped:
+      return f"dropped ({self.dropped})"
+    if self._finish is not None:
+      return "finished"
+    return self.ended
+
+  # The experiment's side (any thread).
+
+  def finish(self, reward: float) -> None:
+    """Ends the session with `reward`: its blocked step returns done with it (or, if the
+    engine already ended the episode, `reward` is only recorded)."""
+    with self._cv:
+      self.reward = float(reward)
+      if not (self.ended or self.dropped):
+        self._finish = float(reward)
+      self._cv.notify_all()
+
+  def drop(self, why: str) -> bool:
+    """Drops the episode (nothing of it should be trained on); False if it had ended."""
+    with self._cv:
+      if self.ended or self.dropped:
+        return False
+      self.dropped = str(why) or "dropped"
+      items = [i for i in (self._inbox, self._pending) if i is not None]
+      self._inbox = None
+      self._cv.notify_all()
+    for item in items:
+      _set(item.future, error=_bad(f"session {self.session_id} ended: dropped ({why})", None))
+    self.hub.count("serve/dropped")
+    return True
+
+  # The engine's scheduler thread (hub.watch).
+
+  def on_sampled(self, traj: agent_loop.Trajectory) -> None:
+    """Records the turn just sampled: its ids and the transcript length before it."""
+    u = traj.turn[-1]
+    index = np.nonzero((traj.turn == u) & (traj.loss_mask > 0))[0]
+    with self._cv:
+      self._sampled = (traj.tokens[index], int(index[0]) if len(index) else len(traj.tokens))
+
+  def on_ended(self, traj: agent_loop.Trajectory, why: str) -> None:
+    """The engine ended the episode: a request still waiting fails with `why`."""
+    with self._cv:
+      self.trajectory = traj
+      self.ended = self.ended or why
+      items = [i for i in (self._inbox, self._pending) if i is not None]
+      self._inbox = self._pending = None
+      self._cv.notify_all()
+    code = "context_length_exceeded" if why.startswith("context length") else None
+    for item in items:
+      _set(item.future, error=protocol.APIError(
+          400, f"session {self.session_id} ended: {self._why()}", code=code))
+
+
+def check_engine(engine, *, sessions: int, session_timeout_s: float) -> None:
+  """ValueError unless `engine` can hold `sessions` client sessions open at once: each holds
+  an env worker while it waits for its client, up to session_timeout_s."""
+  if engine.env_workers < sessions:
+    raise ValueError(f"Engine(env_workers={engine.env_workers}) runs fewer env calls at once "
+                     f"than the {sessions} sessions it serves; every open session holds one "
+                     f"while it waits for its client: use env_workers >= {sessions}.")
+  if engine.env_timeout_s is not None and engine.env_timeout_s <= session_timeout_s:
+    raise ValueError(f"Engine(env_timeout_s={engine.env_timeout_s}) must exceed "
+                     f"session_timeout_s={session_timeout_s} (or be None), so a session's "
+                     "own timeout ends it first.")
+
+
+class SessionHub:
+  """The sessions of a server, and its `Backend` (model_names, async chat).
+
+  Args:
+    tok: the policy's tokenizer (its stop ids tell a stopped turn from a cut one).
+    model_name: the one model name requests may give.
+    tool_format: the model family's tool-call format (tool_calls.FORMATS).
+    max_sessions: the most sessions open at once.
+    session_timeout_s: how long a session waits for its client's next request.
+    temperature, top_p: the run's sampling settings (what requests are compared against).
+    max_new_tokens: the run's per-turn budget (a smaller max_tokens is counted as ignored).
+    max_turns, max_len: the run's budgets, named in the error of a session they ended.
+    serving: requests open sessions themselves (`EngineBackend`) instead of `open`.
+    record: None, or a function (session id, Trajectory) -> None called at each episode's end.
+  """
+
+  def __init__(self, tok, *, model_name: str, tool_format: str = "hermes",
+               max_sessions: int = 256, session_timeout_s: float = 120.0,
+               temperature: float = 1.0, top_p: float = 1.0, max_new_tokens: int | None = None,
+               max_turns: int | None = None, max_len: int | None = None,
+               serving: bool = False,
+               record: Callable[[str, agent_loop.Trajectory], None] | None = None):
+    if tool_format not in tool_calls.FORMATS:
+      raise ValueError(f"tool_format={tool_format!r} must be one of {tool_calls.FORMATS}.")
+    if max_sessions < 1 or not session_timeout_s > 0:
+      raise ValueError(f"need max_sessions >= 1 and session_timeout_s > 0; got {max_sessions}, "
+                       f"{session_timeout_s}.")
+    self.model_names = (model_name,)
+    self.tool_format, self.max_sessions = tool_format, max_sessions
+    self.session_timeout_s = float(session_timeout_s)
+    self.temperature, self.top_p, self.max_new_tokens = temperature, top_p, max_new_tokens
+    self.max_turns, self.max_len, self.serving = max_turns, max_len, serving
+    self.record = record
+    self.stop_ids = frozenset({int(t) for t in tok.end_of_turn_ids} | {int(tok.eos_id)})
+    self._lock = threading.Lock()
+    self._sessions: dict[str, ClientEnv] = {}
+    self._ended: collections.OrderedDict[str, tuple] = collections.OrderedDict()
+    self._stats = collections.Counter(dict.fromkeys(STATS, 0))
+    self._arrivals = queue.SimpleQueue()   # serving: (env, seed, greedy) for the engine
+    self._closed = False
+
+  @property
+  def stats(self) -> dict[str, float]:
+    with self._lock:
+      return {k: float(v) for k, v in self._stats.items()}
+
+  def count(self, name: str, n: int = 1) -> None:
+    with self._lock:
+      self._stats[name] += n
+
+  def session(self, session_id: str) -> ClientEnv | None:
+    """The open session with that id, or None."""
+    with self._lock:
+      return self._sessions.get(session_id)
+
+  # Training mode.
+
+  def open(self, n: int) -> list[ClientEnv]:
+    """n new sessions (training mode): the envs of one rollout, in order."""
+    with self._lock:
+      if len(self._sessions) + n > self.max_sessions:
+        raise ValueError(f"opening {n} sessions would make {len(self._sessions) + n} open at "
+                         f"once, over max_sessions={self.max_sessions}.")
+      self._closed = False
+    return [self._new(uuid.uuid4().hex) for _ in range(n)]
+
+  def _new(self, session_id: str, **kwargs) -> ClientEnv:
+    env = ClientEnv(self, session_id, **kwargs)
+    with self._lock:
+      self._sessions[session_id] = env
+      self._stats["serve/sessions"] += 1
+    return env
+
+  def finish(self, session_id: str, reward: float) -> None:
+    """Ends the session with `reward` (ClientEnv.finish); unknown ids are ignored."""
+    env = self.session(session_id)
+    if env is None:
+      with self._lock:
+        env = self._ended.get(session_id, (None, None))[1]
+    if env is not None:
+      env.finish(reward)
+
+  def drop(self, session_id: str, why: str) -> None:
+    """Drops the session's episode (ClientEnv.drop)."""
+    env = self.session(session_id)
+    if env is not None:
+      env.drop(why)
+
+  def close_all(self, why: str = "the rollout ended") -> None:
+    """Drops every open session (their requests get 400) and stops arrivals (serving)."""
+    with self._lock:
+      envs = list(self._sessions.values())
+      self._closed = True
+    for env in envs:
+      env.drop(why)
+      self._forget(env, f"dropped ({why})")
+
+  def _forget(self, env: ClientEnv, why: str) -> None:
+    with self._lock:
+      if self._sessions.get(env.session_id) is env:
+        del self._sessions[env.session_id]
+      # Training keeps ended sessions' envs (a rollout's worth), so a late finish() still
+      # records its reward; a server keeps only why they ended.
+      self._ended[env.session_id] = (why, None if self.serving else env)
+      while len(self._ended) > _ENDED_KEPT:
+        self._ended.popitem(last=False)
+
+  # The engine's hooks.
+
+  def watch(self, kind: str, env, traj: agent_loop.Trajectory) -> None:
+    """Engine.run's `watch`: a session's turn token counts and its end."""
+    if not isinstance(env, ClientEnv):
+      return
+    if kind == "sampled":
+      env.on_sampled(traj)
+      return
+    why = env.dropped and f"dropped ({env.dropped})"
+    error = traj.infos[-1].get(base.ERROR) if traj.infos else ""
+    if not why and error and traj.done:
+      why = f"the session failed ({error})"
+    if not why and traj.truncated:
+      turns = len(traj.turn_rewards)
+      if self.max_turns is not None and turns >= self.max_turns:
+        why = f"turn limit (max_turns={self.max_turns})"
+      else:
+        why = (f"context length: the transcript ({len(traj.tokens)} tokens) and its new "
+               f"messages reach max_len={self.max_len}")
+    env.on_ended(traj, why or "finished")
+    self._forget(env, env.ended)
+    if self.record is not None:
+      try:
+        self.record(env.session_id, traj)
+      except Exception:  # pylint: disable=broad-except
+        logging.exception("record(%s, ...) failed; the server goes on", env.session_id)
+
+  def arrivals(self, wait_s: float):
+    """Engine.run's `arrivals` (serving): the sessions opened since the last call, or None
+    once the hub is closed."""
+    items = []
+    try:
+      items.append(self._arrivals.get(timeout=wait_s) if wait_s > 0
+                   else self._arrivals.get_nowait())
+      while True:
+        items.append(self._arrivals.get_nowait())
+    except queue.Empty:
+      pass
+    if not items and self._closed:
+      return None
+    return items
+
+  # The Backend.
+
+  def _sampling(self, request: protocol.ChatRequest) -> bool:
+    """Counts a request's ignored sampling parameters; serving: whether it asks for greedy
+    decoding (an APIError for a temperature or top_p this server cannot apply)."""
+    greedy = self.serving and request.temperature == 0
+    if self.serving:
+      for name, asked, ours in (("temperature", request.temperature, self.temperature),
+                                ("top_p", request.top_p, self.top_p)):
+        if asked is not None and asked != ours and not (name == "temperature" and greedy):
+          raise _bad(f"{name}={asked} is not served: this server samples with {name}={ours} "
+                     f"(temperature 0 for greedy decoding).", name)
+    ignored = (
+        (not self.serving and (request.temperature not in (None, self.temperature)
+                               or request.top_p not in (None, self.top_p)))
+        or request.seed is not None
+        or (bool(request.stop) and not (self.serving and request.session is None))
+        or (request.max_tokens is not None and (self.max_new_tokens is None
+                                                or request.max_tokens < self.max_new_tokens)))
+    if ignored:
+      self.count("serve/ignored_sampling")
+    return greedy
+
+  async def chat(self, request: protocol.ChatRequest) -> protocol.Completion:
+    """Answers a chat request through its session (module docstring)."""
+    if request.model not in self.model_names:
+      raise protocol.APIError(404, f"model {request.model!r} does not exist; this server "
+                              f"serves {', '.join(self.model_names)}.", param="model",
+                              code="model_not_found")
+    greedy = self._sampling(request)
+    sid = request.session
+    if sid is None and not self.serving:
+      raise _bad(f"no session: send the {HEADER} header (or the `user` field) with the id of "
+                 "the session the rollout gave your agent.", HEADER)
+    if sid is not None and request.n != 1:
+      raise _bad(f"n={request.n} in session {sid}: a session continues one conversation; "
+                 "use n=1.", "n")
+    env = None if sid is None else self.session(sid)
+    if env is not None:
+      if self.serving and request.temperature is not None and env.greedy != greedy:
+        raise _bad(f"session {sid} samples with temperature "
+                   f"{0 if env.greedy else self.temperature} (set by its first request).",
+                   "temperature")
+      futures = [env.submit(request)]
+    elif not self.serving:
+      raise self._ended_error(sid, request) or _bad(
+          f"unknown session {sid!r} ({HEADER}): use an id the rollout gave your agent.", HEADER)
+    else:
+      error = None if sid is None else self._ended_error(sid, request)
+      if error is not None:
+        raise error
+      futures = self._start(request, sid, greedy)
+    done = await asyncio.gather(*(asyncio.wrap_future(f) for f in futures))
+    choices = tuple(dataclasses.replace(c.choices[0], index=i) for i, c in enumerate(done))
+    return protocol.Completion(choices=choices, prompt_tokens=done[0].prompt_tokens,
+                               completion_tokens=sum(c.completion_tokens for c in done))
+
+  def _ended_error(self, session_id: str, request) -> protocol.APIError | None:
+    """The error for a request of an ended session (None: unknown id, or a serving request
+    that starts a new conversation under an ended session's id)."""
+    with self._lock:
+      why = self._ended.get(session_id, (None,))[0]
+    if why is None or (self.serving and not any(m.get("role") == "assistant"
+                                                for m in request.messages)):
+      return None
+    return _bad(f"session {session_id} ended: {why}", None)
+
+  def _start(self, request: protocol.ChatRequest, sid: str | None,
+             greedy: bool) -> list[concurrent.futures.Future]:
+    """Serving: the sessions a request opens (sid None: n one-turn sessions), handed to the
+    engine once the request is accepted."""
+    n = 1 if sid is not None else request.n
+    envs = [ClientEnv(self, sid or f"request-{uuid.uuid4().hex}", one_turn=sid is None,
+                      greedy=greedy) for _ in range(n)]
+    futures = [env.submit(request) for env in envs]   # checks the request first
+    with self._lock:
+      if self._closed:
+        raise protocol.APIError(503, "the server is shutting down.", type="server_error")
+      if len(self._sessions) + n > self.max_sessions:
+        raise protocol.APIError(429, f"too many concurrent sessions (max_sessions="
+                                f"{self.max_sessions}); retry later.", type="rate_limit_error",
+                                code="too_many_sessions")
+      if sid is not None and sid in self._sessions:
+        raise _bad(f"session {sid} already has a request in flight; send the next one after "
+                   "its reply.", None)
+      for env in envs:
+        self._sessions[env.session_id] = env
+        self._ended.pop(env.session_id, None)
+      self._stats["serve/sessions"] += n
+    for env in envs:
+      self._arrivals.put((env, 0, greedy))
+    return futures
+
+
+class EngineBackend:
+  """A policy served for evaluation (no training): `Backend` over one engine run that never
+  ends while the server is up; sessions join it as their requests come (Engine.run's
+  `arrivals`). A request without a session id is a one-turn episode (n > 1: n episodes that
+  share the prompt's prefill); with one, the session goes on across requests.
+
+    backend = EngineBackend(engine, params, tok, model_name="policy", max_turns=8,
+                            max_new_tokens=256, max_len=4096)
+    backend.start()
+    ...   # serve `make_app(backend)`
+    backend.stop()
+
+  Args:
+    engine: the rollout engine (env_workers >= max_sessions, `check_engine`).
+    params, tok: the policy's params and tokenizer.
+    model_name, tool_format, max_sessions, session_timeout_s: as `SessionHub`.
+    max_turns, max_new_tokens, max_len, temperature, top_p: the run's settings (Engine.run);
+      requests may ask for temperature 0 (greedy) or these values (module docstring).
+    rng: the run's PRNG key (default key 0); episode e samples with fold_in(rng, e).
+    record: None, or a function (session id, Trajectory) -> None at each episode's end.
+  """
+
+  def __init__(self, engine, params, tok, *, model_name: str, max_turns: int,
+               max_new_tokens: int, max_len: int, tool_format: str = "hermes",
+               temperature: float = 1.0, top_p: float = 1.0, max_sessions: int = 256,
+               session_timeout_s: float = 120.0, rng=None,
+               record: Callable[[str, agent_loop.Trajectory], None] | None = None):
+    check_engine(engine, sessions=max_sessions, session_timeout_s=session_timeout_s)
+    self.engine, self.params, self.tok = engine, params, tok
+    self.hub = SessionHub(tok, model_name=model_name, tool_format=tool_format,
+                          max_sessions=max_sessions, session_timeout_s=session_timeout_s,
+                          temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens,
+                          max_turns=max_turns, max_len=max_len, serving=True, record=record)
+    self.model_names = self.hub.model_names
+    self.run_kwargs = dict(rng=jax.random.key(0) if rng is None else rng, max_turns=max_turns,
+                           max_new_tokens=max_new_tokens, max_len=max_len,
+                           temperature=temperature, top_p=top_p, chat_template=True)
+    self.metrics, self.error = None, None
+    self._thread = None
+
+  def start(self) -> None:
+    """Starts the engine run on a background thread."""
+    if self._thread is not None:
+      raise RuntimeError("EngineBackend.start() was already called.")
+    self._thread = threading.Thread(target=self._run, name="engine-backend", daemon=True)
+    self._thread.start()
+
+  def _run(self) -> None:
+    try:
+      _, self.metrics = self.engine.run(self.params, self.tok, [], [],
+                                        arrivals=self.hub.arrivals, watch=self.hub.watch,
+                                        **self.run_kwargs)
+    except Exception as e:  # pylint: disable=broad-except
+      self.error = e
+      logging.exception("the serving engine run failed")
+      self.hub.close_all(f"the engine failed ({type(e).__name__}: {e})")
+
+  def stop(self, timeout_s: float | None = None) -> None:
+    """Ends every open session and waits for the engine run to end."""
+    self.hub.close_all("the server stopped")
+    if self._thread is not None:
+      self._thread.join(timeout_s)
+
+  @property
+  def stats(self) -> dict[str, float]:
+    return self.hub.stats
+
+  async def chat(self, request: protocol.ChatRequest) -> protocol.Completion:
+    if self.error is not None:
+      raise protocol.APIError(503, f"the engine failed ({type(self.error).__name__}); "
+                              "restart the server.", type="server_error")
+    if self._thread is None:
+      raise protocol.APIError(503, "the backend is not started.", type="server_error")
+    return await self.hub.chat(request)
