@@ -17,7 +17,7 @@ HTTP status with an OpenAI body, as for a non-streamed request; the chunks then 
 one delta per word.
 
 `app.state.stats` counts `serve/requests`, `serve/errors` (every error response),
-`serve/disconnects` (clients gone before or during their response), `serve/timeouts` and
+`serve/disconnects` (clients gone before or during their response), `serve/request_timeouts` and
 `serve/rejected` (429s), for the experiment to log as metrics.
 
 Not covered: TLS, a request-body size cap, responses without the /v1 prefix.
@@ -43,7 +43,7 @@ import uvicorn
 
 from agentrl.serve import protocol
 
-STATS = ("serve/requests", "serve/errors", "serve/disconnects", "serve/timeouts",
+STATS = ("serve/requests", "serve/errors", "serve/disconnects", "serve/request_timeouts",
          "serve/rejected")
 _SSE_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"),
                 (b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]
@@ -149,7 +149,7 @@ class _Service:
       self.stats["serve/rejected"] += 1
       headers["retry-after"] = "1"
     if err.type == "timeout_error":
-      self.stats["serve/timeouts"] += 1
+      self.stats["serve/request_timeouts"] += 1
     if err.status == 401:
       headers["www-authenticate"] = "Bearer"
     return JSONResponse(protocol.error_body(err), status_code=err.status, headers=headers)

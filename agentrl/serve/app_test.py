@@ -301,13 +301,13 @@ class LimitsTest(_ServerTest):
     self.assertEqual(self.server.stats["serve/rejected"], rejected + 1)
 
   def test_backend_timeout(self):
-    cancelled, timeouts = self.backend.cancelled, self.server.stats["serve/timeouts"]
+    cancelled, timeouts = self.backend.cancelled, self.server.stats["serve/request_timeouts"]
     with self.assertRaises(openai.InternalServerError) as caught:
       self.chat("sleep 30")
     self.assertEqual((caught.exception.status_code, caught.exception.type),
                      (504, "timeout_error"))
     self.assertTrue(_wait_for(lambda: self.backend.cancelled == cancelled + 1))
-    self.assertEqual(self.server.stats["serve/timeouts"], timeouts + 1)
+    self.assertEqual(self.server.stats["serve/request_timeouts"], timeouts + 1)
 
   def test_disconnect_while_the_backend_works(self):
     cancelled, before = self.backend.cancelled, self.server.stats
@@ -317,7 +317,7 @@ class LimitsTest(_ServerTest):
     self.assertTrue(_wait_for(lambda: self.backend.cancelled == cancelled + 1))
     self.assertTrue(_wait_for(
         lambda: self.server.stats["serve/disconnects"] == before["serve/disconnects"] + 1))
-    self.assertEqual(self.server.stats["serve/timeouts"], before["serve/timeouts"])
+    self.assertEqual(self.server.stats["serve/request_timeouts"], before["serve/request_timeouts"])
     self.assertEqual(self.chat("next").choices[0].message.content, "echo: next")
 
   def test_disconnect_mid_stream(self):
