@@ -21,9 +21,10 @@ stream, whose position (`state()`) is checkpointed with the train state. A run k
 point (SIGKILL included) and started again with the same workdir restores the last complete
 checkpoint, drops later metrics and trajectory records, and reproduces the uninterrupted
 run's records exactly on CPU (the time and throughput fields aside). `replay` reruns one
-recorded step's update from its checkpoint and batch (`--config.replay_batch=RUN_DIR:STEP`). On Ctrl-C or SIGTERM
-(`agentrl.train.shutdown`, set up by `cli.run`) the exception leaves `run` after the background
-rollout is abandoned, a checkpoint save in flight is finished and the metrics files are closed.
+recorded step's update from its checkpoint and batch (`--config.replay_batch=RUN_DIR:STEP`).
+On Ctrl-C or SIGTERM (`agentrl.train.shutdown`, set up by `cli.run`) the exception leaves `run`
+after the background rollout is abandoned, a checkpoint save in flight is finished and the
+metrics files are closed.
 """
 from collections.abc import Callable, Mapping, Sequence
 import dataclasses
@@ -479,8 +480,9 @@ def parse_replay(spec: str) -> tuple[str, int]:
   return run_dir, int(step)
 
 
-def replay(state, spec: str, update_fn, *, rng: jax.Array, epochs: int = 1, num_minibatches: int = 1,
-           shuffle: bool = True, sort_by_length: bool = False, console: bool = True) -> Result:
+def replay(state, spec: str, update_fn, *, rng: jax.Array, epochs: int = 1,
+           num_minibatches: int = 1, shuffle: bool = True, sort_by_length: bool = False,
+           console: bool = True) -> Result:
   """Reruns step STEP's update of the run in RUN_DIR (`spec` = "RUN_DIR:STEP") without a
   rollout: the train state and rng of its checkpoint of step STEP - 1, the batch it recorded
   at STEP (tokens, log-probs, advantages: `trajectories.read_batch`), the same minibatches.
@@ -523,8 +525,9 @@ def replay(state, spec: str, update_fn, *, rng: jax.Array, epochs: int = 1, num_
         lambda a, b: float(jnp.max(jnp.abs(a.astype(jnp.float32) - b.astype(jnp.float32)))),
         lora.trainable(state).params, after["state"].params))
     record["replay/param_max_abs_diff"] = max(diffs, default=0.0)
-  logged = next((r for r in metrics_lib.read_jsonl(f"{run_dir}/metrics.jsonl")
-                 if r.get("step") == step), {}) if os.path.exists(f"{run_dir}/metrics.jsonl") else {}
+  path = f"{run_dir}/metrics.jsonl"
+  logged = next((r for r in metrics_lib.read_jsonl(path) if r.get("step") == step),
+                {}) if os.path.exists(path) else {}
   if console:
     print(replay_table(step, host, record, logged), flush=True)
   return Result(state=state, step=step, records=[{"step": step, **record}], evals={},
