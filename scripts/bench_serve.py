@@ -87,7 +87,7 @@ def main(argv):
       return engine.run(params, tok, [make_env() for _ in seeds], seeds,
                         rng=jax.random.key(0), greedy=True, **turn)[0]
 
-    with app_lib.Server(app_lib.make_app(hub)) as server, \
+    with app_lib.Server(app_lib.make_app(hub, max_concurrent=2 * n)) as server, \
         programs.AgentRunner(server.url) as runner:
       tasks = [env_agent.make_task(task, s) for s in seeds]
 

@@ -40,7 +40,7 @@ class ProgramsTest(absltest.TestCase):
     cls.hub = sessions.SessionHub(cls.tok, model_name="policy", max_sessions=4,
                                   session_timeout_s=30.0, max_new_tokens=4, max_turns=3,
                                   max_len=48)
-    cls.server = app_lib.Server(app_lib.make_app(cls.hub)).start()
+    cls.server = app_lib.Server(app_lib.make_app(cls.hub, max_concurrent=8)).start()
     cls.runner = programs.AgentRunner(cls.server.url)
 
   @classmethod

@@ -203,7 +203,11 @@ def train(config: mlc.ConfigDict, workdir: str) -> dict:
                             temperature=rc.temperature, max_new_tokens=rc.max_new_tokens,
                             max_turns=config.task.max_turns, max_len=rc.max_len)
   data = recipe.prompt_stream(make_env)
-  with app_lib.Server(app_lib.make_app(hub, api_key=ac.api_key or None)) as server, \
+  # A session has at most one request in flight, but the server counts a request out only
+  # after its response is sent, so a program's next request may briefly overlap it: twice the
+  # sessions never refuses one of ours.
+  app_ = app_lib.make_app(hub, api_key=ac.api_key or None, max_concurrent=2 * sessions_at_once)
+  with app_lib.Server(app_) as server, \
       programs.AgentRunner(server.url, api_key=ac.api_key) as runner, jax.set_mesh(mesh):
     result = loop.run(
         state, rng=jax.random.key(config.seed), total_steps=config.total_steps, workdir=workdir,
