@@ -299,14 +299,18 @@ class Server:
   """
 
   def __init__(self, app, host: str = "127.0.0.1", port: int = 0, *, access_log: bool = False,
-               graceful_timeout_s: float = 5.0):
+               graceful_timeout_s: float = 5.0, keep_alive_s: float = 3600.0):
     self.app = app
     self.host = host
     self.port = port
     self.url = None
+    # Idle connections stay open for keep_alive_s: agent programs pick pooled connections up
+    # again after a training step's score and update phases, and a server that closed one
+    # just then fails that request (uvicorn's default closes them after 5 s).
     self._config = uvicorn.Config(app, host=host, port=port, log_config=None,
                                   log_level="warning", access_log=access_log, lifespan="off",
-                                  timeout_graceful_shutdown=graceful_timeout_s)
+                                  timeout_graceful_shutdown=graceful_timeout_s,
+                                  timeout_keep_alive=keep_alive_s)
     self._server = None
     self._thread = None
     self._socket = None

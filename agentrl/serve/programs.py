@@ -170,6 +170,10 @@ def rollout(engine, params, tok, hub: sessions.SessionHub, runner: AgentRunner,
     if not outcome.dropped and env.dropped:
       outcome.dropped = env.dropped  # e.g. the client waited too long between requests
     outcomes.append(outcome)
+  dropped = [o.dropped for o in outcomes if o.dropped]
+  if dropped:
+    logging.warning("%d of %d agent-program episodes dropped (they train nothing); the first: %s",
+                    len(dropped), len(outcomes), dropped[0])
   after = hub.stats
   metrics.update({k: after[k] - before.get(k, 0.0) for k in after})
   metrics["serve/program_errors"] = float(sum(bool(o.dropped) for o in outcomes))
