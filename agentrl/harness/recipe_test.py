@@ -4,6 +4,7 @@ import random
 import re
 import shutil
 import tempfile
+from unittest import mock
 
 from absl.testing import absltest
 from absl.testing import parameterized
@@ -107,6 +108,17 @@ class ConfigTest(parameterized.TestCase):
     config.alarms.update(enabled=True, divergence_window=2)
     with self.assertRaisesRegex(configs.ConfigError, "config.alarms: .*divergence_window=2"):
       recipe.loop_options(config)
+
+
+  def test_a_replay_skips_the_sft_warm_start(self):
+    config = _config()
+    config.replay_batch = "/runs/x:5"
+    params = {"w": jnp.ones(())}
+    with mock.patch.object(recipe.sft, "warm_start") as sft_run:
+      out, info = recipe.warm_start(config, "/nonexistent", None, None, params, None)
+    sft_run.assert_not_called()
+    self.assertIs(out, params)
+    self.assertEqual(info, {})
 
 
 class TaskAndPolicyTest(absltest.TestCase):

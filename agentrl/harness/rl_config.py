@@ -206,7 +206,7 @@ def rl_config(preset: str = "cpu", *, smoke: bool = False) -> mlc.ConfigDict:
     c.rollout.update(prompts_per_step=2, group_size=2, max_new_tokens=8, max_len=24)
     c.updates.update(minibatches=1, score_minibatches=1)
     c.eval.update(num_problems=4, every=0)
-    c.log.update(save_every=1, trajectories_every=1)
+    c.log.update(save_every=1, trajectories_every=2)   # records step 1 of its 2
   return c
 
 

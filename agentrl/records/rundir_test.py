@@ -221,6 +221,17 @@ class SummaryTest(absltest.TestCase):
     self.assertEqual(again, json.loads(written))
     self.assertIn("already complete", printed.call_args_list[0].args[0])
 
+  def test_a_replay_writes_its_update_and_no_curves(self):
+    workdir = _tmpdir(self)
+    result = types.SimpleNamespace(step=5, records=[{"step": 5, "loss": 0.5}], steps_run=0,
+                                   evals={}, replay="/runs/x:5")
+    summary = rundir.write_summary(workdir, result, name="TEST", start=0.0)
+    self.assertEqual(summary, {"method": "TEST", "replay": "/runs/x:5", "step": 5,
+                               "update": {"step": 5, "loss": 0.5}})
+    with open(os.path.join(workdir, "summary.json")) as f:
+      self.assertEqual(json.load(f), summary)
+    self.assertFalse(os.path.exists(os.path.join(workdir, "curves.png")))
+
 
 if __name__ == "__main__":
   absltest.main()
