@@ -77,7 +77,7 @@ import queue
 import threading
 import time
 import uuid
-from typing import Any, Callable, Sequence
+from typing import Callable
 
 from absl import logging
 import jax
@@ -86,8 +86,8 @@ import numpy as np
 from agentrl.envs import base
 from agentrl.envs import safe
 from agentrl.envs import tool_calls
-from agentrl.rewards import extract
 from agentrl.rollout import agent_loop
+from agentrl.serve import messages as msg
 from agentrl.serve import protocol
 
 HEADER = "X-Session-Id"
@@ -128,191 +128,6 @@ class _Request:
 
 
 # Messages.
-
-
-def _bad(message: str, param: str | None = "messages") -> protocol.APIError:
-  return protocol.APIError(400, message, param=param)
-
-
-def _arguments_key(arguments) -> str:
-  """A tool call's arguments for comparison: canonical JSON when they parse."""
-  try:
-    return json.dumps(json.loads(arguments), sort_keys=True)
-  except (TypeError, ValueError):
-    return str(arguments)
-
-
-def _call_key(call: Any, where: str) -> tuple:
-  if not isinstance(call, dict) or not isinstance(call.get("function"), dict):
-    raise _bad(f"{where}: a tool call is {{id, type: 'function', function: {{name, "
-               "arguments}}}}")
-  fn = call["function"]
-  return (call.get("id"), fn.get("name"), _arguments_key(fn.get("arguments", "{}")))
-
-
-def normalize(messages: Sequence[dict]) -> list[dict]:
-  """Messages as sessions compare them: role (developer -> system), content ("" for None),
-  an assistant's tool calls as (id, name, canonical arguments), a tool message's call id."""
-  out = []
-  for k, m in enumerate(messages):
-    if not isinstance(m, dict):
-      raise _bad(f"messages[{k}] must be an object with a role and content.")
-    role = m.get("role")
-    role = "system" if role == "developer" else role
-    if role not in ("system", "user", "assistant", "tool"):
-      raise _bad(f"messages[{k}] has role {role!r}; use system, developer, user, assistant or "
-                 "tool.")
-    content = m.get("content")
-    if content is not None and not isinstance(content, str):
-      raise _bad(f"messages[{k}].content must be text.")
-    entry = {"role": role, "content": content or ""}
-    if role == "assistant":
-      entry["tool_calls"] = tuple(_call_key(c, f"messages[{k}]")
-                                  for c in m.get("tool_calls") or ())
-    if role == "tool":
-      entry["tool_call_id"] = m.get("tool_call_id")
-    out.append(entry)
-  return out
-
-
-def tools_of(specs: Sequence[dict] | None) -> list[tool_calls.Tool]:
-  """The request's tools as `tool_calls.Tool`s; an APIError 400 names a tool or argument the
-  Tool cannot express (arguments must be typed string, number or integer)."""
-  tools = []
-  for i, spec in enumerate(specs or ()):
-    fn = spec.get("function") if isinstance(spec, dict) else None
-    if not isinstance(fn, dict) or spec.get("type") != "function":
-      raise _bad(f"tools[{i}] must be {{type: 'function', function: {{name, description, "
-                 "parameters}}}}.", "tools")
-    name = fn.get("name")
-    schema = fn.get("parameters") or {}
-    props = (schema.get("properties") or {}) if isinstance(schema, dict) else None
-    if not isinstance(props, dict):
-      raise _bad(f"tools[{i}] ({name!r}): parameters must be a JSON object schema.", "tools")
-    types = {}
-    for arg, arg_schema in props.items():
-      kind = arg_schema.get("type") if isinstance(arg_schema, dict) else None
-      if kind not in tool_calls.TYPES:
-        raise _bad(f"tools[{i}] ({name!r}): argument {arg!r} has JSON type {kind!r}; this "
-                   f"server's tool format supports {', '.join(tool_calls.TYPES)}.", "tools")
-      types[arg] = kind
-    try:
-      tools.append(tool_calls.Tool(str(name), str(fn.get("description") or ""), types))
-    except ValueError as e:
-      raise _bad(f"tools[{i}]: {e}", "tools") from e
-  return tools
-
-
-def _tool_answers(toolbox, calls: dict[str, tuple], messages: Sequence[dict],
-                  first: int) -> tool_calls.Results:
-  """Tool messages rendered as a tool env renders results (Toolbox.run): `calls` maps a call
-  id to its (name, arguments) of the assistant turn they answer."""
-  found = []
-  for k, m in enumerate(messages):
-    if m["tool_call_id"] not in calls:
-      raise _bad(f"messages[{first + k}] answers tool_call_id {m['tool_call_id']!r}, not a "
-                 "call of the assistant message before it.")
-    name, args = calls[m["tool_call_id"]]
-    if toolbox.fmt == "tags" and name not in toolbox.tools:   # its result tag is the tool's
-      raise _bad(f"messages[{first + k}] answers a call of {name!r}, not one of the tools.")
-    found.append((tool_calls.Call(name, args), m["content"]))
-  answers = {id(call): content for call, content in found}
-  return toolbox.run([call for call, _ in found], lambda call: answers[id(call)])
-
-
-def _calls_by_id(message: dict) -> dict[str, tuple]:
-  """An assistant message's tool calls: id -> (name, arguments as a dict, or {})."""
-  calls = {}
-  for cid, name, args in message.get("tool_calls", ()):
-    try:
-      parsed = json.loads(args)
-    except ValueError:
-      parsed = {}
-    calls[cid] = (name, parsed if isinstance(parsed, dict) else {})
-  return calls
-
-
-def _assistant_text(toolbox, message: dict, k: int) -> str:
-  """An assistant message of the history as the model would have written it."""
-  calls = message["tool_calls"]
-  if not calls:
-    return message["content"]
-  if toolbox is None:
-    raise _bad(f"messages[{k}] has tool calls but the request lists no tools.")
-  try:
-    text = [toolbox.format_call({"name": name, "arguments": json.loads(args)})
-            for _, name, args in calls]
-  except (ValueError, TypeError, KeyError) as e:
-    raise _bad(f"messages[{k}]: a tool call this tool format cannot write ({e})") from e
-  return "\n".join(([message["content"]] if message["content"] else []) + text)
-
-
-def opening(messages: list[dict], toolbox) -> dict:
-  """A session's first request as the env's reset shows it: system_prompt, examples (few-shot
-  chat messages, agentrl/envs/few_shot.py) and the user text."""
-  n_system = next((k for k, m in enumerate(messages) if m["role"] != "system"), len(messages))
-  if not messages or messages[-1]["role"] != "user" or n_system == len(messages):
-    raise _bad("a session's first request must end with a user message.")
-  system = "\n\n".join(m["content"] for m in messages[:n_system])
-  examples, k = [], n_system
-  while k < len(messages) - 1:
-    m = messages[k]
-    if m["role"] == "system":
-      raise _bad(f"messages[{k}]: system and developer messages must come first.")
-    if m["role"] == "tool":
-      if toolbox is None:
-        raise _bad(f"messages[{k}] is a tool message but the request lists no tools.")
-      run = k
-      while run < len(messages) - 1 and messages[run]["role"] == "tool":
-        run += 1
-      before = messages[k - 1] if k > n_system else {}
-      results = _tool_answers(toolbox, _calls_by_id(before), messages[k:run], k)
-      examples.append({"role": "user", "content": results.observation,
-                       "tool_results": list(results.tool_results)})
-      k = run
-      continue
-    text = _assistant_text(toolbox, m, k) if m["role"] == "assistant" else m["content"]
-    examples.append({"role": m["role"], "content": text})
-    k += 1
-  if toolbox is not None:
-    system = toolbox.system_prompt(intro=system)
-  return dict(system_prompt=system, examples=tuple(examples),
-              user=messages[-1]["content"])
-
-
-def reply(text: str, toolbox, stopped: bool) -> protocol.Choice:
-  """The choice for a sampled turn's text: the tool calls the model family's parser reads in
-  it (each with a new id) and the text around them as content (None when empty)."""
-  calls, spans = [], []
-  if toolbox is not None:
-    capped = extract.cap(text)
-    offset = len(text) - len(capped)
-    tags = {"tool_call"} if toolbox.fmt == "hermes" else set(toolbox.by_tag)
-    ends = {s: e for tag in tags for s, e, _ in extract.tag_spans(capped, tag)}
-    for call in toolbox.parse(text).calls:
-      if call.arguments is None:
-        continue   # not a call: it stays in the content
-      calls.append({"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
-                    "function": {"name": call.name,
-                                 "arguments": json.dumps(call.arguments)}})
-      spans.append((offset + call.start, offset + ends.get(call.start, len(capped))))
-  if calls:
-    pieces, at = [], 0
-    for start, end in sorted(spans):
-      pieces.append(text[at:start])
-      at = end
-    content = ("".join(pieces) + text[at:]).strip() or None
-    finish = "tool_calls"
-  else:
-    content, finish = text, "stop" if stopped else "length"
-  return protocol.Choice(index=0, content=content, tool_calls=tuple(calls),
-                         finish_reason=finish)
-
-
-def returned(choice: protocol.Choice) -> dict:
-  """The assistant message a choice adds to its session's history (normalized)."""
-  return normalize([{"role": "assistant", "content": choice.content,
-                     "tool_calls": list(choice.tool_calls)}])[0]
 
 
 def _set(future: concurrent.futures.Future, *, result=None, error=None) -> None:
@@ -361,11 +176,11 @@ class ClientEnv:
     APIError when the session cannot take it."""
     with self._cv:
       if self.ended or self.dropped or self._finish is not None:
-        raise _bad(f"session {self.session_id} ended: {self._why()}", None)
+        raise msg.bad(f"session {self.session_id} ended: {self._why()}", None)
       if self._inbox is not None or self._pending is not None:
-        raise _bad(f"session {self.session_id} already has a request in flight; send the "
+        raise msg.bad(f"session {self.session_id} already has a request in flight; send the "
                    "next one after its reply.", None)
-      messages = normalize(request.messages)
+      messages = msg.normalize(request.messages)
       item = _Request(request, messages, concurrent.futures.Future())
       if self._history is None:
         self._open(item)
@@ -377,12 +192,12 @@ class ClientEnv:
     return item.future
 
   def _open(self, item: _Request) -> None:
-    tools = tools_of(item.request.tools)
+    tools = msg.tools_of(item.request.tools)
     if item.request.tool_choice not in (None, "auto", "none"):
-      raise _bad(f"tool_choice={item.request.tool_choice!r} is not supported: the engine does "
+      raise msg.bad(f"tool_choice={item.request.tool_choice!r} is not supported: the engine does "
                  "not constrain decoding; use 'auto' or 'none'.", "tool_choice")
     self._toolbox = tool_calls.Toolbox(tools, self.hub.tool_format) if tools else None
-    item.opening = opening(item.messages, self._toolbox)
+    item.opening = msg.opening(item.messages, self._toolbox)
     self._tools_key = json.dumps(item.request.tools or None, sort_keys=True)
 
   def _continue(self, item: _Request) -> None:
@@ -393,24 +208,24 @@ class ClientEnv:
     if k < len(history) or tools_key != self._tools_key:
       self.hub.count("serve/diverged")
       what = (f"message {k}" if k < len(history) else "its tools")
-      raise _bad(f"the history of session {self.session_id} diverged at {what}: send the "
+      raise msg.bad(f"the history of session {self.session_id} diverged at {what}: send the "
                  "session's messages as returned (content and tool calls), then only new "
                  "tool or user messages.")
     new = messages[len(history):]
     if not new:
-      raise _bad(f"session {self.session_id}: the request has no new message after the last "
+      raise msg.bad(f"session {self.session_id}: the request has no new message after the last "
                  "assistant message.")
     roles = [m["role"] for m in new]
     n_tools = next((k for k, r in enumerate(roles) if r != "tool"), len(roles))
     if any(r != "user" for r in roles[n_tools:]):
-      raise _bad(f"session {self.session_id}: new messages after an assistant message must "
+      raise msg.bad(f"session {self.session_id}: new messages after an assistant message must "
                  "be tool messages, then user messages; got roles "
                  f"{', '.join(roles)}.")
     parts, item.tool_results = [], None
     if n_tools:
       if self._toolbox is None:
-        raise _bad("tool messages, but the session's requests list no tools.")
-      results = _tool_answers(self._toolbox, _calls_by_id(history[-1]), new[:n_tools],
+        raise msg.bad("tool messages, but the session's requests list no tools.")
+      results = msg.tool_answers(self._toolbox, msg.calls_by_id(history[-1]), new[:n_tools],
                               len(history))
       parts.append(results.observation)
       item.tool_results = list(results.tool_results)
@@ -455,10 +270,10 @@ class ClientEnv:
       cut = min((text.find(s) for s in item.request.stop if s and s in text), default=-1)
       text, stopped = (text[:cut], True) if cut >= 0 else (text, stopped)
     parse = item.request.tool_choice != "none"
-    choice = reply(text, self._toolbox if parse else None, stopped)
+    choice = msg.reply(text, self._toolbox if parse else None, stopped)
     with self._cv:
       self.turns.append(SampledTurn(np.asarray(ids), action, prompt_tokens, choice))
-      self._history = self._history + [returned(choice)]
+      self._history = self._history + [msg.returned(choice)]
     _set(item.future, result=protocol.Completion(choices=(choice,), prompt_tokens=prompt_tokens,
                                                  completion_tokens=len(ids)))
     if self.one_turn:
@@ -490,7 +305,7 @@ class ClientEnv:
       if item is not None and not (self.dropped or self.ended or self._finish is not None):
         return item
     if item is not None:
-      _set(item.future, error=_bad(f"session {self.session_id} ended: {self._why()}", None))
+      _set(item.future, error=msg.bad(f"session {self.session_id} ended: {self._why()}", None))
     if not (self.dropped or self.ended or self._finish is not None):
       self.hub.count("serve/timeouts")
       self.drop(f"no request within session_timeout_s={self.hub.session_timeout_s}")
@@ -533,7 +348,7 @@ class ClientEnv:
       self._inbox = None
       self._cv.notify_all()
     for item in items:
-      _set(item.future, error=_bad(f"session {self.session_id} ended: dropped ({why})", None))
+      _set(item.future, error=msg.bad(f"session {self.session_id} ended: dropped ({why})", None))
     self.hub.count("serve/dropped")
     return True
 
@@ -733,7 +548,7 @@ class SessionHub:
       for name, asked, ours in (("temperature", request.temperature, self.temperature),
                                 ("top_p", request.top_p, self.top_p)):
         if asked is not None and asked != ours and not (name == "temperature" and greedy):
-          raise _bad(f"{name}={asked} is not served: this server samples with {name}={ours} "
+          raise msg.bad(f"{name}={asked} is not served: this server samples with {name}={ours} "
                      f"(temperature 0 for greedy decoding).", name)
     ignored = (
         (not self.serving and (request.temperature not in (None, self.temperature)
@@ -755,20 +570,20 @@ class SessionHub:
     greedy = self._sampling(request)
     sid = request.session
     if sid is None and not self.serving:
-      raise _bad(f"no session: send the {HEADER} header (or the `user` field) with the id of "
+      raise msg.bad(f"no session: send the {HEADER} header (or the `user` field) with the id of "
                  "the session the rollout gave your agent.", HEADER)
     if sid is not None and request.n != 1:
-      raise _bad(f"n={request.n} in session {sid}: a session continues one conversation; "
+      raise msg.bad(f"n={request.n} in session {sid}: a session continues one conversation; "
                  "use n=1.", "n")
     env = None if sid is None else self.session(sid)
     if env is not None:
       if self.serving and request.temperature is not None and env.greedy != greedy:
-        raise _bad(f"session {sid} samples with temperature "
+        raise msg.bad(f"session {sid} samples with temperature "
                    f"{0 if env.greedy else self.temperature} (set by its first request).",
                    "temperature")
       futures = [env.submit(request)]
     elif not self.serving:
-      raise self._ended_error(sid, request) or _bad(
+      raise self._ended_error(sid, request) or msg.bad(
           f"unknown session {sid!r} ({HEADER}): use an id the rollout gave your agent.", HEADER)
     else:
       error = None if sid is None else self._ended_error(sid, request)
@@ -788,7 +603,7 @@ class SessionHub:
     if why is None or (self.serving and not any(m.get("role") == "assistant"
                                                 for m in request.messages)):
       return None
-    return _bad(f"session {session_id} ended: {why}", None)
+    return msg.bad(f"session {session_id} ended: {why}", None)
 
   def _start(self, request: protocol.ChatRequest, sid: str | None,
              greedy: bool) -> list[concurrent.futures.Future]:
@@ -806,7 +621,7 @@ class SessionHub:
                                 f"{self.max_sessions}); retry later.", type="rate_limit_error",
                                 code="too_many_sessions")
       if sid is not None and sid in self._sessions:
-        raise _bad(f"session {sid} already has a request in flight; send the next one after "
+        raise msg.bad(f"session {sid} already has a request in flight; send the next one after "
                    "its reply.", None)
       for env in envs:
         self._sessions[env.session_id] = env

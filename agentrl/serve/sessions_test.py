@@ -25,6 +25,7 @@ from agentrl.models import transformer
 from agentrl.rollout import agent_loop
 from agentrl.rollout import engine as engine_lib
 from agentrl.rollout import pack
+from agentrl.serve import messages
 from agentrl.serve import protocol
 from agentrl.serve import sessions
 
@@ -177,7 +178,7 @@ class ScriptedSessionTest(absltest.TestCase):
     bad = {"type": "function", "function": {"name": "flag", "parameters": {
         "type": "object", "properties": {"on": {"type": "boolean"}}}}}
     with self.assertRaisesRegex(protocol.APIError, r"'flag'.*argument 'on'.*'boolean'"):
-      sessions.tools_of([bad])
+      messages.tools_of([bad])
     hub = sessions.SessionHub(TOK, model_name="policy")
     env, = hub.open(1)
     user = [{"role": "user", "content": "hi"}]
@@ -192,14 +193,14 @@ class ScriptedSessionTest(absltest.TestCase):
 
   def test_reply_parses_the_families_formats(self):
     calc = tool_calls.Tool("calc", "Evaluates.", {"expression": "string"})
-    choice = sessions.reply("Compute <calc>2+3</calc>", tool_calls.Toolbox([calc], "tags"),
+    choice = messages.reply("Compute <calc>2+3</calc>", tool_calls.Toolbox([calc], "tags"),
                             stopped=False)
     self.assertEqual(choice.content, "Compute")
     self.assertEqual(choice.tool_calls[0]["function"]["arguments"], '{"expression": "2+3"}')
-    cut = sessions.reply('<tool_call>{"name": "calc", "arguments": {"expression": "1"}}',
+    cut = messages.reply('<tool_call>{"name": "calc", "arguments": {"expression": "1"}}',
                          tool_calls.Toolbox([calc], "hermes"), stopped=True)
     self.assertEqual((cut.content, cut.finish_reason), (None, "tool_calls"))
-    plain = sessions.reply("no calls <tool_call>not json</tool_call>",
+    plain = messages.reply("no calls <tool_call>not json</tool_call>",
                            tool_calls.Toolbox([calc], "hermes"), stopped=False)
     self.assertEqual((plain.tool_calls, plain.finish_reason), ((), "length"))
     self.assertEqual(plain.content, "no calls <tool_call>not json</tool_call>")
