@@ -10,13 +10,17 @@ SmolLM2-135M-Instruct on its full-text game through the chat template (7 turns o
 tokens).
 
   engine   `Engine.run` over the game's envs: the rollout every other experiment makes;
-  server   `programs.rollout`: one `agentrl.serve.env_agent` program per episode
-           sends the same messages through `openai.AsyncOpenAI` to the local server
-           (agentrl/serve/app.py) whose backend is the same engine (agentrl/serve/sessions.py).
+  server   `programs.rollout`: one `agentrl.serve.env_agent` program per episode (in the
+           runner's process) sends the same messages through `openai.AsyncOpenAI` to the
+           local server (agentrl/serve/app.py) whose backend is the same engine
+           (agentrl/serve/sessions.py);
+  http     the HTTP floor: the same programs and requests against a backend that answers each
+           at once with the text the engine sampled for it: what the HTTP stack and the
+           `openai` client cost with no model behind them.
 
 Each row is the fastest of `--repeats` timed runs after one that compiles. `requests/s` counts
 model turns (one chat completion each), `tokens/s` the sampled tokens; the overhead is the
-server's extra wall time over the engine's.
+server's extra wall time over the engine's, and the HTTP floor's is the same for the floor.
 """
 import time
 
@@ -34,11 +38,54 @@ from agentrl.rollout import engine as engine_lib
 from agentrl.serve import app as app_lib
 from agentrl.serve import env_agent
 from agentrl.serve import programs
+from agentrl.serve import protocol
 from agentrl.serve import sessions
 
 _MODEL = flags.DEFINE_enum("model", "tiny", ["tiny", "smollm2"], "The policy (module doc).")
 _SESSIONS = flags.DEFINE_list("sessions", ["1", "8", "32"], "Concurrent sessions per row.")
 _REPEATS = flags.DEFINE_integer("repeats", 3, "Timed runs per row (the fastest is kept).")
+
+
+class Recorded:
+  """An env that keeps the texts it was sent (the model's turns)."""
+
+  def __init__(self, env):
+    self.env, self.actions = env, []
+
+  def __getattr__(self, name):
+    return getattr(self.env, name)
+
+  def reset(self, seed):
+    return self.env.reset(seed)
+
+  def step(self, action):
+    self.actions.append(action)
+    return self.env.step(action)
+
+
+class Replay:
+  """A backend that answers turn k of session "replay-i" at once with actions[i][k]."""
+  model_names = ("policy",)
+
+  def __init__(self, actions):
+    self.actions = actions
+
+  async def chat(self, request):
+    turn = sum(m["role"] == "assistant" for m in request.messages)
+    text = self.actions[int(request.session.split("-")[1])][turn]
+    return protocol.Completion(choices=(protocol.Choice(0, text),), prompt_tokens=0,
+                               completion_tokens=0)
+
+
+class NoSessions:
+  """The runner's hub for the HTTP floor: there are no engine sessions to end."""
+
+  def finish(self, session_id, reward):
+    del session_id, reward
+
+  def drop(self, session_id, why):
+    raise RuntimeError(f"a floor program failed ({session_id}): {why}")
+
 
 def workload():
   """(task config, engine.run's turn settings, tokenizer, graphdef, params) of --model."""
@@ -83,29 +130,44 @@ def main(argv):
                               max_len=turn["max_len"])
     seeds = list(range(n))
 
-    def direct():
-      return engine.run(params, tok, [make_env() for _ in seeds], seeds,
-                        rng=jax.random.key(0), greedy=True, **turn)[0]
+    envs = []
 
+    def direct():
+      envs[:] = [Recorded(make_env()) for _ in seeds]
+      return engine.run(params, tok, envs, seeds, rng=jax.random.key(0), greedy=True,
+                        **turn)[0]
+
+    tasks = [env_agent.make_task(task, s) for s in seeds]
+    t_engine, plain = fastest(direct, _REPEATS.value)
     with app_lib.Server(app_lib.make_app(hub, max_concurrent=2 * n)) as server, \
         programs.AgentRunner(server.url) as runner:
-      tasks = [env_agent.make_task(task, s) for s in seeds]
 
       def served():
         return programs.rollout(engine, params, tok, hub, runner, env_agent.agent, tasks,
                                 rng=jax.random.key(0), greedy=True, **turn).trajectories
 
-      t_engine, plain = fastest(direct, _REPEATS.value)
       t_server, through = fastest(served, _REPEATS.value)
-    same = all(list(a.tokens) == list(b.tokens) for a, b in zip(plain, through))
+    replay = Replay([env.actions for env in envs])
+    with app_lib.Server(app_lib.make_app(replay, max_concurrent=2 * n)) as server, \
+        programs.AgentRunner(server.url) as runner:
+
+      def floor():
+        futures = runner.start(env_agent.agent, [(f"replay-{i}", t) for i, t in
+                                                 enumerate(tasks)], NoSessions())
+        return [f.result() for f in futures]
+
+      t_floor, outcomes = fastest(floor, _REPEATS.value)
+    same = all(list(a.tokens) == list(b.tokens) for a, b in zip(plain, through)) and all(
+        o.reward == t.reward for o, t in zip(outcomes, plain))
     turns = sum(len(t.turn_rewards) for t in plain)
     tokens = sum(int(t.loss_mask.sum()) for t in plain)
     rows.append([n, turns, tokens, f"{turns / t_engine:.1f}", f"{turns / t_server:.1f}",
-                 f"{tokens / t_engine:.0f}", f"{tokens / t_server:.0f}",
-                 f"{100 * (t_server / t_engine - 1):+.0f}%", "yes" if same else "NO"])
+                 f"{turns / t_floor:.1f}", f"{tokens / t_engine:.0f}",
+                 f"{tokens / t_server:.0f}", f"{100 * (t_server / t_engine - 1):+.0f}%",
+                 f"{100 * (t_floor / t_engine):.0f}%", "yes" if same else "NO"])
   print(metrics_lib.format_table(
-      ["sessions", "turns", "tokens", "engine req/s", "server req/s", "engine tok/s",
-       "server tok/s", "overhead", "same tokens"], rows))
+      ["sessions", "turns", "tokens", "engine req/s", "server req/s", "http req/s",
+       "engine tok/s", "server tok/s", "overhead", "http floor", "same tokens"], rows))
 
 
 if __name__ == "__main__":

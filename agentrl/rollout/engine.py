@@ -13,8 +13,9 @@ episodes); `agent_loop.run_per_turn` is the simple per-turn reference it is test
   marking a slot's column valid only where that slot had a token; attention is causal by
   column and masked by validity, so holes cost nothing but space. When the pointer reaches the
   end, `engine_programs.compact` packs each live slot's valid columns to the left (order
-  kept) and drops the rows of finished episodes; the cache doubles only when the compacted transcripts fill more
-  than half of it, so its size follows the transcripts' length, not max_len.
+  kept) and drops the rows of finished episodes; the cache doubles only when the compacted
+  transcripts fill more than half of it, so its size follows the transcripts' length, not
+  max_len.
 - **Prefill only what is new, once per distinct prompt.** A slot's cache holds its transcript
   up to the last token; a new turn prefills only the tokens appended since (the last sampled
   token and the observation). Prefill runs on the pending slots only, and new episodes whose
@@ -24,6 +25,12 @@ episodes); `agent_loop.run_per_turn` is the simple per-turn reference it is test
   (stop id or budget) leaves the batch at the next chunk boundary and its env step runs on a
   thread pool (`env_workers` in flight) while the others keep decoding; a slot whose
   observation is ready, or a new episode, joins at the next boundary.
+- **Gathering.** Before a decode chunk, results of env calls still in flight are collected
+  while they keep coming (gaps under `gather_s`), for at most one chunk's time or 4 x
+  `gather_s`, whichever is longer, so that slots whose steps end close together decode in
+  one program rather than several. Env steps answered in-process need the default 2 ms; a
+  server's sessions (agentrl/serve/), whose next requests come back over HTTP some
+  milliseconds apart, pass a wider gap.
 - **Timeouts.** An env reset or step that has not answered after `env_timeout_s` ends its
   episode as SafeEnv ends one whose env raised `EnvTimeout`: an error result with the env's
   error_reward, counted in env/env_timeouts. The call's thread is abandoned, never joined.
@@ -65,7 +72,7 @@ from agentrl.rollout import engine_programs as programs
 from agentrl.rollout import env_workers as workers_lib
 from agentrl.rollout import sampler as sampler_lib
 
-_GAP_S = 0.002   # an env result gap after which a decode chunk starts without waiting longer
+GATHER_S = 0.002   # default gather_s: an env result gap after which a decode chunk starts
 _POLL_S = 0.005  # the longest wait for env results while episodes may arrive
 _IDLE_WAIT_S = 0.05   # how long an idle serving run waits for an arrival before looking again
 
@@ -148,7 +155,8 @@ class Engine:
           system_prompt: str | None = None, temperature: float = 1.0, top_k: int = 0,
           top_p: float = 1.0, logp_mode: str = "tempered", adaptive_temperature=None,
           brancher=None, max_branches: int | None = None, alternatives: int = 0,
-          arrivals=None, watch=None) -> tuple[list[agent_loop.Trajectory], dict[str, float]]:
+          arrivals=None, watch=None, gather_s: float = GATHER_S
+          ) -> tuple[list[agent_loop.Trajectory], dict[str, float]]:
     """Runs env i from reset(seeds[i]) for up to max_turns model turns; returns (trajs, metrics).
 
     Args:
@@ -180,9 +188,12 @@ class Engine:
       watch: None, or a function (kind, env, trajectory) -> None called on the scheduler
         thread at each sampled turn ("sampled") and episode end ("ended"); it must not raise
         and should return quickly.
+      gather_s: the env-result gap a decode chunk waits over (module doc, "Gathering").
     """
     if len(envs) != len(seeds):
       raise ValueError(f"got {len(envs)} envs but {len(seeds)} seeds; pass one seed per env.")
+    if not gather_s >= 0:
+      raise ValueError(f"gather_s must be >= 0, got {gather_s}.")
     if max_turns < 1 or max_new_tokens < 1 or max_len < 2:
       raise ValueError(f"need max_turns >= 1, max_new_tokens >= 1, max_len >= 2; got "
                        f"{max_turns}, {max_new_tokens}, {max_len}.")
@@ -203,7 +214,7 @@ class Engine:
                max_new_tokens=max_new_tokens, max_len=max_len, sampling=sampling,
                brancher=brancher, max_branches=64 * len(envs) if max_branches is None
                else max_branches, alternatives=alternatives, serving=arrivals is not None,
-               watch=watch)
+               watch=watch, gather_s=gather_s)
     run.add(envs, seeds, flags)
     workers = workers_lib.EnvWorkers(self.env_workers, self.env_timeout_s)
     try:
@@ -247,7 +258,7 @@ class _Run:
 
   def __init__(self, engine, params, tok, num_envs, render, *, rng, max_turns,
                max_new_tokens, max_len, sampling, brancher, max_branches, alternatives,
-               serving, watch):
+               serving, watch, gather_s):
     self.e, self.params, self.tok = engine, params, tok
     self.render, self.max_turns, self.max_new = render, max_turns, max_new_tokens
     self.max_len, self.rng, self.sampling = max_len, rng, sampling
@@ -288,6 +299,7 @@ class _Run:
     self.given, self.safe_envs, self.before = [], [], []   # roots: as given, wrapped, counters
     self.waiting = []   # root episodes not started, the next one last
     self.serving, self.watch, self.polling = serving, watch, False
+    self.gather_s = float(gather_s)
     self.ended_counts = collections.Counter()   # env counters of released episodes
     self.source = {}   # branch -> (parent, at, mid-turn, turn start, turn, forced token)
     self.queued = collections.deque()   # branches not started, before the waiting roots
@@ -360,13 +372,14 @@ class _Run:
   def _collect(self, workers: workers_lib.EnvWorkers) -> None:
     """Applies finished env calls. With no slot ready to decode, waits for one. Otherwise, as
     a decode chunk costs the same however few slots are active, it keeps collecting while
-    results keep coming (gaps under _GAP_S), for at most one chunk's time."""
-    deadline = time.monotonic() + self.e.chunk_s
+    results keep coming (gaps under gather_s), for at most max(one chunk's time,
+    4 x gather_s)."""
+    deadline = time.monotonic() + max(self.e.chunk_s, 4 * self.gather_s)
     while workers.in_flight:
       busy = workers.busy()
       ready = any(s.episode is not None and i not in busy for i, s in enumerate(self.slots))
       # While episodes may arrive, a wait for env results is short, so arrivals are polled.
-      calls = workers.collect(block=True, max_wait_s=_GAP_S if ready else
+      calls = workers.collect(block=True, max_wait_s=self.gather_s if ready else
                               _POLL_S if self.polling else None)
       for call in calls:
         self._apply(self.slots[call.slot], call)

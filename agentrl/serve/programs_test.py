@@ -1,5 +1,6 @@
 """Tests for agentrl.serve.programs: agent programs through the real server and engine."""
 import sys
+import time
 import types
 
 from absl.testing import absltest
@@ -15,16 +16,11 @@ from agentrl.serve import app as app_lib
 from agentrl.serve import env_agent
 from agentrl.serve import programs
 from agentrl.serve import sessions
+from agentrl.serve import testing as bad_programs
 
 TASK = registry.task_config("hidden_rule", names=registry.NAMES, family="guess", max_turns=3,
                             style="compact")
 TURN = dict(max_turns=3, max_new_tokens=4, max_len=48, temperature=1.0, chat_template=False)
-
-
-async def _raises(client, task):
-  await client.chat.completions.create(model="policy", messages=[
-      {"role": "user", "content": "hello"}])
-  raise RuntimeError(f"the program's own bug on seed {task['seed']}")
 
 
 class ProgramsTest(absltest.TestCase):
@@ -66,11 +62,43 @@ class ProgramsTest(absltest.TestCase):
     self.assertEqual(out.metrics["serve/program_errors"], 0.0)
 
   def test_a_program_that_raises_is_dropped(self):
-    out = programs.rollout(self.engine, self.params, self.tok, self.hub, self.runner, _raises,
+    out = programs.rollout(self.engine, self.params, self.tok, self.hub, self.runner,
+                           bad_programs.raises,
                            [{"seed": 7}], rng=jax.random.key(1), **TURN)
     self.assertIn("RuntimeError: the program's own bug on seed 7", out.outcomes[0].dropped)
     self.assertEqual(out.metrics["serve/program_errors"], 1.0)
     self.assertEqual(out.metrics["serve/dropped"], 1.0)
+
+  def test_a_dead_process_drops_its_programs_and_the_next_start_makes_another(self):
+    out = programs.rollout(self.engine, self.params, self.tok, self.hub, self.runner,
+                           bad_programs.exits,
+                           [{"seed": 1}, {"seed": 2}], rng=jax.random.key(1), **TURN)
+    for outcome in out.outcomes:
+      self.assertIn("process exited with code 3", outcome.dropped)
+    again = programs.rollout(self.engine, self.params, self.tok, self.hub, self.runner,
+                             env_agent.agent, [env_agent.make_task(TASK, 3)],
+                             rng=jax.random.key(0), greedy=True, **TURN)
+    self.assertEqual(again.outcomes[0].dropped, "")
+
+  def test_a_program_that_never_yields_is_ended_at_the_timeout(self):
+    self.hub.session_timeout_s, before = 0.5, self.hub.session_timeout_s
+    self.addCleanup(setattr, self.hub, "session_timeout_s", before)
+    start = time.monotonic()
+    out = programs.rollout(self.engine, self.params, self.tok, self.hub, self.runner,
+                           bad_programs.never_yields, [{"seed": 5}], rng=jax.random.key(1),
+                           timeout_s=0.5, **TURN)
+    self.assertIn("did not end within 0.5s", out.outcomes[0].dropped)
+    self.assertLess(time.monotonic() - start, 30.0)
+
+  def test_programs_must_be_importable_by_the_runners_process(self):
+    async def nested(client, task):
+      del client, task
+    for agent in (nested, lambda c, t: 0.0):
+      with self.assertRaisesRegex(ValueError, "top level of an importable module"):
+        programs.rollout(self.engine, self.params, self.tok, self.hub, self.runner, agent,
+                         [{"seed": 0}], rng=jax.random.key(1), **TURN)
+    self.assertEqual(programs.program_name(env_agent.agent),
+                     ("agentrl.serve.env_agent", "agent"))
 
   def test_load_program_names_what_is_missing(self):
     self.assertIs(programs.load_program("agentrl.serve.env_agent"), env_agent)

@@ -91,6 +91,10 @@ from agentrl.serve import messages as msg
 from agentrl.serve import protocol
 
 HEADER = "X-Session-Id"
+# Engine.run's gather_s for sessions: a client's next request comes back over HTTP a few ms
+# after its reply, those of many sessions some ms apart, so a decode chunk waits over such
+# gaps to take them together (docs/performance.md, "Agent programs through the server").
+GATHER_S = 0.02
 STATS = ("serve/sessions", "serve/dropped", "serve/timeouts", "serve/diverged",
          "serve/ignored_sampling")
 _ENDED_KEPT = 4096   # ended sessions remembered, so their requests get "ended", not "unknown"
@@ -683,7 +687,7 @@ class EngineBackend:
     try:
       _, self.metrics = self.engine.run(self.params, self.tok, [], [],
                                         arrivals=self.hub.arrivals, watch=self.hub.watch,
-                                        **self.run_kwargs)
+                                        gather_s=GATHER_S, **self.run_kwargs)
     except Exception as e:  # pylint: disable=broad-except
       self.error = e
       logging.exception("the serving engine run failed")
