@@ -9,7 +9,8 @@ Reads <run_dir>/config.json (every RL experiment writes it with `rundir.write_co
 rebuilds the tokenizer and model, reads only the policy's params of checkpoint `step`
 ("latest", a step number, or "warm_start" for the SFT policy before RL) read-only, so neither
 the run's optimizer nor its extra state (a critic, a replay batch) is needed and a live run is
-never disturbed, and evaluates on the held-out seeds (recipe.EVAL_SEED_BASE + i, disjoint from
+never disturbed (agentrl/harness/saved_run.py, which `python -m agentrl.serve` shares), and
+evaluates on the held-out seeds (recipe.EVAL_SEED_BASE + i, disjoint from
 every training seed), with as many turns as the run's task allows:
 
   greedy success   one argmax decode per problem;
@@ -39,7 +40,6 @@ evaluation steps (every `eval.every`), so the default run's steps 25, 50, ..., 1
 evaluated; a step that was not kept is an error that lists the ones that were. pass@k:
 `--config.ks=1,4` (or `'[1,4]'`), each k <= `samples`.
 """
-import dataclasses
 import hashlib
 import json
 import math
@@ -56,14 +56,12 @@ from agentrl import configs
 from agentrl import distributed
 from agentrl.harness import cli
 from agentrl.harness import recipe
-from agentrl.harness import rl_config
+from agentrl.harness import saved_run
 from agentrl.models import hf
 from agentrl.models import hf_tokenizer
-from agentrl.models import lora
 from agentrl.rollout import collect
 from agentrl.records import metrics as metrics_lib
 from agentrl.records import rundir
-from agentrl import sharding
 
 
 def get_config(arg: str | None = None) -> mlc.ConfigDict:
@@ -96,9 +94,6 @@ SCHEMA = {
     "export_hf": configs.Key(str),
     "export_overwrite": configs.Key(bool),
 }
-# The run config keys evaluation reads with no default (an older run may lack others).
-RUN_KEYS = ("task.name", "task.chat_template", "model.init", "model.dtype",
-            "rollout.max_new_tokens", "rollout.max_len", "mesh", "sharding_rules")
 EXPORT_MARKER = "agentrl_export.json"  # {"run_dir", "step"}: the run an export directory holds
 
 
@@ -125,43 +120,9 @@ def parse_ks(text: str, samples: int) -> list[int]:
 def validate(config) -> None:
   configs.validate(config, SCHEMA)
   parse_ks(config.ks, config.samples)
-  configs.require(not config.model_path or os.path.exists(config.model_path),
-                  f"config.model_path={config.model_path!r} does not exist; give an HF model "
-                  "directory (config.json + safetensors) or a .gguf file")
-  path = os.path.join(config.run_dir, "config.json")
-  configs.require(os.path.exists(path), f"config.run_dir={config.run_dir!r} has no config.json; "
-                  "point it at the --workdir of an RL experiment's run")
-  configs.require(config.step in ("latest", "warm_start") or config.step.isdigit(),
-                  f"config.step must be 'latest', 'warm_start' or a step number, got "
-                  f"{config.step!r}")
+  saved_run.check_args(config.run_dir, config.step, model_path=config.model_path)
   if config.export_hf:
     check_export_dir(config.export_hf, config.run_dir, overwrite=config.export_overwrite)
-
-
-def read_run_config(run_dir: str) -> mlc.ConfigDict:
-  """The run's config.json, its keys checked against the shared RL schema (any task), so a
-  damaged or hand-edited file fails in one line naming it and the key, before anything is
-  built. No experiment imports another, so a method's own keys are not checked here; evaluation
-  reads none of them. Methods tighten or relax the shared bounds (MSSR runs groups of one), so
-  only the keys evaluation reads keep theirs; the others are checked for their type."""
-  schema = {k: v if k.startswith(RUN_KEYS) else dataclasses.replace(v, min=None, max=None)
-            for k, v in rl_config.RL_SCHEMA.items()}
-  schema["task.name"] = configs.Key(str, choices=rl_config.TASKS)
-  return rundir.read_config(run_dir, schema, required=RUN_KEYS)
-
-
-def load_hf(path: str, run_tok, run_config, mesh):
-  """(tokenizer, graphdef, params) of an HF directory or GGUF, sharded like the run's policy.
-
-  The tokenizer is path's own, or the run's when it has none; either is refused when it has
-  more ids than the model has rows (`hf.load_with_tokenizer`).
-  """
-  # Computed in the run's dtype (hf.load's default is bfloat16), so an exported checkpoint scores
-  # exactly as the checkpoint itself.
-  tok, _, graphdef, params = hf.load_with_tokenizer(path, fallback=run_tok,
-                                                    dtype=run_config.model.dtype)
-  rules = run_config.sharding_rules
-  return tok, graphdef, sharding.reshard(params, sharding.tree_shardings(params, mesh, rules))
 
 
 def evaluate(config, run_config, engine, tok, make_env, params) -> dict[str, float]:
@@ -188,16 +149,9 @@ def evaluate(config, run_config, engine, tok, make_env, params) -> dict[str, flo
 def train(config: mlc.ConfigDict, workdir: str) -> dict:
   """Evaluates the checkpoint; `train` by name so the smoke test treats every binary alike."""
   validate(config)
-  run_config = read_run_config(config.run_dir)
-  mesh = sharding.make_mesh(run_config.mesh)
-  tok, graphdef, params = recipe.build_policy(run_config, mesh)
-  if config.model_path:
-    tok, graphdef, params = load_hf(config.model_path, tok, run_config, mesh)
-    step = f"hf:{config.model_path}"
-  else:
-    params, step = rundir.load_params(config.run_dir, config.step, params)
-  if lora.has_adapters(params):  # evaluated and exported with W + (alpha / rank) A B folded in
-    graphdef, params = lora.merge(graphdef, params)
+  # A LoRA policy comes back merged: evaluated and exported with W + (alpha / rank) A B.
+  tok, graphdef, params, step, run_config = saved_run.load_run(
+      config.run_dir, config.step, model_path=config.model_path)
   if config.export_hf:
     export(nnx.merge(graphdef, params).cfg, params, tok, config.export_hf, step,
            run_dir=config.run_dir, overwrite=config.export_overwrite)

@@ -29,6 +29,7 @@ from agentrl.envs import arithmetic
 from agentrl.envs import hidden_rule
 from agentrl.harness import recipe
 from agentrl.harness import rl_config
+from agentrl.harness import saved_run
 from agentrl.models import hf
 from agentrl.models import hf_tokenizer
 from agentrl.models import testing
@@ -130,7 +131,7 @@ class ExportTest(absltest.TestCase):
     with open(os.path.join(directory, "generation_config.json")) as f:
       self.assertEqual(json.load(f), {"bos_token_id": tok.bos_id, "pad_token_id": tok.pad_id,
                                       "eos_token_id": [tok.eos_id]})  # where our sampler stops
-    _, back_graphdef, back_params = evaluation.load_hf(directory, None, config, mesh)
+    _, back_graphdef, back_params = saved_run.load_hf(directory, None, config, mesh)
     self.assertEqual(nnx.merge(back_graphdef, back_params).cfg, nnx.merge(graphdef, params).cfg)
     jax.tree.map(np.testing.assert_array_equal, nnx.to_pure_dict(back_params),
                  nnx.to_pure_dict(params))
@@ -158,7 +159,7 @@ class LoadTest(absltest.TestCase):
     parts = ("300 embedding/LM head rows", "400 ids", os.path.join(directory, "config.json"),
              os.path.join(directory, "tokenizer.json"))
     for load in (lambda: recipe.build_policy(config, mesh),
-                 lambda: evaluation.load_hf(directory, None, config, mesh)):
+                 lambda: saved_run.load_hf(directory, None, config, mesh)):
       with self.assertRaises(hf.ModelFileError) as e, contextlib.redirect_stdout(io.StringIO()):
         load()
       for part in parts:
@@ -166,7 +167,7 @@ class LoadTest(absltest.TestCase):
     # eval's model_path without tokenizer files falls back to the run's, checked the same way.
     bare = self._tiny_dir(300)
     with self.assertRaisesRegex(hf.ModelFileError, f"300 embedding.*{bare} has none.*400 ids"):
-      evaluation.load_hf(bare, tokenizer_lib.load(directory), config, mesh)
+      saved_run.load_hf(bare, tokenizer_lib.load(directory), config, mesh)
 
   def test_variant_must_match_the_file(self):
     directory = self._tiny_dir(512, ids=100)

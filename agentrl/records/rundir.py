@@ -291,30 +291,43 @@ def _closed(before: float, after: float, target: float) -> str:
   return f"{(after - before) / (target - before):.0%}" if target > before else "none"
 
 
-def load_params(run_dir: str, step: str, params):
+def saved_step(run_dir: str, step: str, *, flag: str = "config.step") -> tuple[str, int]:
+  """(directory, step number) of checkpoint `step` ("latest", "warm_start" or a step number)
+  of the run in `run_dir`, read-only; a ConfigError naming `flag` when there is none."""
+  if step == "warm_start":
+    directory = os.path.join(run_dir, "warm_start")
+  else:
+    directory = os.path.join(run_dir, "ckpt")
+  steps = checkpoint.saved_steps(directory)
+  if not steps:
+    other = ("" if step == "warm_start"
+             or not checkpoint.saved_steps(os.path.join(run_dir, "warm_start"))
+             else f", or give {flag}=warm_start (its SFT warm start)")
+    raise configs.ConfigError(f"{flag}={step!r}: {directory} holds no checkpoint; wait for "
+                              f"the run's first save{other}")
+  wanted = steps[-1] if step in ("latest", "warm_start") else int(step)
+  if wanted not in steps:
+    raise configs.ConfigError(f"{flag}={step!r} was not kept: {directory} has steps "
+                              f"{steps}; give one of them, 'latest' or 'warm_start'")
+  return directory, wanted
+
+
+def load_params(run_dir: str, step: str, params, *, flag: str = "config.step"):
   """The policy params of checkpoint `step` of the run in `run_dir`, and the step restored.
 
   A LoRA run's checkpoints hold its adapters only: they are read onto the frozen base, the
-  run's SFT warm start if it had one (else the pretrained weights `params` hold).
+  run's SFT warm start if it had one (else the pretrained weights `params` hold). A missing
+  checkpoint is a ConfigError naming `flag` (`saved_step`).
   """
   if lora.has_adapters(params) and step == "warm_start":
-    base, step = load_params(run_dir, step, params["base"])
+    base, step = load_params(run_dir, step, params["base"], flag=flag)
     return lora.with_base(params, base), step
   if lora.has_adapters(params):
     if checkpoint.saved_steps(os.path.join(run_dir, "warm_start")):
-      params, _ = load_params(run_dir, "warm_start", params)
-    trained, step = load_params(run_dir, step, lora.trainable(params))
+      params, _ = load_params(run_dir, "warm_start", params, flag=flag)
+    trained, step = load_params(run_dir, step, lora.trainable(params), flag=flag)
     return lora.combine(params, trained), step
-  if step == "warm_start":
-    directory, path = os.path.join(run_dir, "warm_start"), ("params",)
-  else:
-    directory, path = os.path.join(run_dir, "ckpt"), ("state", "params")
-  steps = checkpoint.saved_steps(directory)
-  if not steps:
-    raise configs.ConfigError(f"config.step={step!r}: {directory} holds no checkpoint")
-  wanted = steps[-1] if step in ("latest", "warm_start") else int(step)
-  if wanted not in steps:
-    raise configs.ConfigError(f"config.step={step!r} was not kept: {directory} has steps "
-                              f"{steps}; give one of them, 'latest' or 'warm_start'")
+  directory, wanted = saved_step(run_dir, step, flag=flag)
+  path = ("params",) if step == "warm_start" else ("state", "params")
   params = checkpoint.read_subtree(directory, path, params, step=wanted)
   return params, step if step == "warm_start" else str(wanted)

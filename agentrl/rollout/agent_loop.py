@@ -19,7 +19,10 @@ through the chat template (the text that follows an assistant turn: end-of-turn,
 observation, assistant header) and only that text is tokenized; when the model already
 emitted the end-of-turn token, its copy at the start of the rendered text is dropped. With
 `chat_template=False` (tiny from-scratch models, raw-text tasks) the first observation is
-encoded with BOS and later ones are appended as plain text.
+encoded with BOS and later ones are appended as plain text; the env's system prompt is not
+rendered. Few-shot `examples` (a served conversation's earlier messages, agentrl/serve/) then
+lay out as such a transcript would: BOS, each message's text, an assistant's followed by EOS
+(where a sampled plain turn stops), then the observation.
 
 Roles. The observation is a user message, except the results of a tool turn: when the env
 lists them in info["tool_results"] (envs/tool_calls.py; envs/base.py) and the template has a
@@ -192,12 +195,15 @@ class Renderer:
 
   def prompt(self, text: str, env_system_prompt: str, examples=()) -> list[int]:
     """Ids of the first prompt: the system message, the env's few-shot `examples` (chat
-    messages, agentrl/envs/few_shot.py) and the task `text`."""
+    messages, agentrl/envs/few_shot.py) and the task `text`; without the chat template, the
+    plain layout of the module docstring (no system message)."""
     if not self.chat_template:
-      if examples:
-        raise ValueError("few-shot examples are chat turns; render them with "
-                         "chat_template=True (or use shots=0).")
-      return list(self.tok.encode(text, add_bos=self.tok.bos_id is not None))
+      texts = [m["content"] for m in examples] + [text]
+      ids = list(self.tok.encode(texts[0], add_bos=self.tok.bos_id is not None))
+      for message, after in zip(examples, texts[1:]):
+        ids += [self.tok.eos_id] if message["role"] == "assistant" else []
+        ids += self.tok.encode(after)
+      return ids
     system = self.system_prompt if self.system_prompt is not None else env_system_prompt
     messages = [{"role": "system", "content": system}] if system else []
     for message in examples:

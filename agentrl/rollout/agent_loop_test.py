@@ -224,9 +224,14 @@ class AgentLoopTest(absltest.TestCase):
                                  tool_role=True)
     render.prompt("q", "", ShotEnv.examples)
     self.assertIn("<user>[tool]r1<eot>", render.tok.encoded[-1])
+    # Plain: BOS, each message's text, EOS after an assistant's (a sampled turn's stop), the
+    # system prompt left out, as a raw-text transcript of those turns.
     plain = agent_loop.Renderer(CharTokenizer(), chat_template=False, system_prompt=None)
-    with self.assertRaisesRegex(ValueError, "chat_template=True"):
-      plain.prompt("q", "", ShotEnv.examples)
+    enc = CharTokenizer().encode
+    self.assertEqual(plain.prompt("q", "sys", ShotEnv.examples),
+                     enc("t1", add_bos=True) + enc("c1") + [2] + enc("r1") + enc("a1") + [2]
+                     + enc("q"))
+    self.assertEqual(plain.prompt("q", "sys"), enc("q", add_bos=True))
 
   def test_raising_env_is_contained(self):
     envs = [ScriptedEnv(fail_on_step=1), ScriptedEnv(fail_on_reset=True), ScriptedEnv()]

@@ -1,11 +1,12 @@
 """Chat messages to and from what an env shows the engine (agentrl/serve/sessions.py).
 
 A session's first request becomes the env's system prompt, few-shot `examples` and first
-observation (`opening`); the messages after an assistant turn become the next observation
-(tool messages through `tool_answers`, in the model family's tool format); a sampled turn's
-text becomes the reply's content and OpenAI `tool_calls` (`reply`), and the message a client
-sends back for it is checked against `returned(choice)`. `normalize` gives messages one form
-for that comparison; `tools_of` converts a request's function schemas to `tool_calls.Tool`s.
+observation (`opening`; `plain` lays it out for a policy without a chat template); the messages
+after an assistant turn become the next observation (tool messages through `tool_answers`, in
+the model family's tool format); a sampled turn's text becomes the reply's content and OpenAI
+`tool_calls` (`reply`), and the message a client sends back for it is checked against
+`returned(choice)`. `normalize` gives messages one form for that comparison; `tools_of`
+converts a request's function schemas to `tool_calls.Tool`s.
 """
 import json
 from typing import Any, Sequence
@@ -164,6 +165,23 @@ def opening(messages: list[dict], toolbox) -> dict:
     system = toolbox.system_prompt(intro=system)
   return dict(system_prompt=system, examples=tuple(examples),
               user=messages[-1]["content"])
+
+
+def plain(opening_: dict) -> dict:
+  """An `opening` for a policy without a chat template (agentrl/rollout/agent_loop.py's plain
+  layout: BOS, each message's text, EOS after an assistant's). The system text (the system
+  messages and the tools' part) starts the first message, and consecutive system, user and tool
+  texts are joined by a blank line into one, as the texts between two model turns of a rollout
+  are one observation. A first request of one user message is thus exactly a training prompt."""
+  system = opening_["system_prompt"]
+  segments = [{"role": "user", "content": system}] if system else []
+  for m in [*opening_["examples"], {"role": "user", "content": opening_["user"]}]:
+    if m["role"] != "assistant" and segments and segments[-1]["role"] != "assistant":
+      segments[-1] = {"role": "user",
+                      "content": segments[-1]["content"] + "\n\n" + m["content"]}
+    else:
+      segments.append({"role": m["role"], "content": m["content"]})
+  return dict(system_prompt="", examples=tuple(segments[:-1]), user=segments[-1]["content"])
 
 
 def reply(text: str, toolbox, stopped: bool) -> protocol.Choice:

@@ -63,6 +63,14 @@ waits for its client, so the engine needs env_workers >= the sessions open at on
 env_timeout_s above session_timeout_s (`check_engine`); it also holds a decode slot (a KV
 cache row), so at most `slots` sessions are under way and the others' first requests wait.
 
+Plain rendering. A run whose task.chat_template is False (the scratch tiny models, trained on
+raw text) is served as it was trained: a first request becomes BOS, the system text (system
+messages, then the tools' part) and each message's text, an assistant's followed by EOS (where a
+sampled plain turn stops), consecutive non-assistant texts joined by a blank line
+(`messages.plain`, agentrl/rollout/agent_loop.py); later messages are appended as raw text (tool
+results in the tool format's own text). So a conversation of user messages alone gets exactly
+the ids the run's rollouts gave its observations.
+
 Serving. A session id names one conversation: a request whose history is not the session's
 fails while the session is open; once it ended (e.g. timed out), a request without assistant
 messages starts a new session under that id. Serving sessions end by the timeout, the
@@ -202,6 +210,8 @@ class ClientEnv:
                  "not constrain decoding; use 'auto' or 'none'.", "tool_choice")
     self._toolbox = tool_calls.Toolbox(tools, self.hub.tool_format) if tools else None
     item.opening = msg.opening(item.messages, self._toolbox)
+    if not self.hub.chat_template:
+      item.opening = msg.plain(item.opening)
     self._tools_key = json.dumps(item.request.tools or None, sort_keys=True)
 
   def _continue(self, item: _Request) -> None:
@@ -406,6 +416,8 @@ class SessionHub:
     max_turns, max_len: the run's budgets, named in the error of a session they ended.
     serving: requests open sessions themselves (`EngineBackend`) instead of `open`.
     record: None, or a function (session id, Trajectory) -> None called at each episode's end.
+    chat_template: False for a run that renders raw text (Engine.run's chat_template): a
+      first request's messages are then laid out by `messages.plain`.
   """
 
   def __init__(self, tok, *, model_name: str, tool_format: str = "hermes",
@@ -413,7 +425,8 @@ class SessionHub:
                temperature: float = 1.0, top_p: float = 1.0, max_new_tokens: int | None = None,
                max_turns: int | None = None, max_len: int | None = None,
                serving: bool = False,
-               record: Callable[[str, agent_loop.Trajectory], None] | None = None):
+               record: Callable[[str, agent_loop.Trajectory], None] | None = None,
+               chat_template: bool = True):
     if tool_format not in tool_calls.FORMATS:
       raise ValueError(f"tool_format={tool_format!r} must be one of {tool_calls.FORMATS}.")
     if max_sessions < 1 or not session_timeout_s > 0:
@@ -424,7 +437,7 @@ class SessionHub:
     self.session_timeout_s = float(session_timeout_s)
     self.temperature, self.top_p, self.max_new_tokens = temperature, top_p, max_new_tokens
     self.max_turns, self.max_len, self.serving = max_turns, max_len, serving
-    self.record = record
+    self.record, self.chat_template = record, chat_template
     self.stop_ids = frozenset({int(t) for t in tok.end_of_turn_ids} | {int(tok.eos_id)})
     self._lock = threading.Lock()
     self._sessions: dict[str, ClientEnv] = {}
@@ -656,23 +669,27 @@ class EngineBackend:
       requests may ask for temperature 0 (greedy) or these values (module docstring).
     rng: the run's PRNG key (default key 0); episode e samples with fold_in(rng, e).
     record: None, or a function (session id, Trajectory) -> None at each episode's end.
+    chat_template: the run's task.chat_template: False renders raw text as its rollouts did
+      (module docstring, *Plain rendering*).
   """
 
   def __init__(self, engine, params, tok, *, model_name: str, max_turns: int,
                max_new_tokens: int, max_len: int, tool_format: str = "hermes",
                temperature: float = 1.0, top_p: float = 1.0, max_sessions: int = 256,
                session_timeout_s: float = 120.0, rng=None,
-               record: Callable[[str, agent_loop.Trajectory], None] | None = None):
+               record: Callable[[str, agent_loop.Trajectory], None] | None = None,
+               chat_template: bool = True):
     check_engine(engine, sessions=max_sessions, session_timeout_s=session_timeout_s)
     self.engine, self.params, self.tok = engine, params, tok
     self.hub = SessionHub(tok, model_name=model_name, tool_format=tool_format,
                           max_sessions=max_sessions, session_timeout_s=session_timeout_s,
                           temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens,
-                          max_turns=max_turns, max_len=max_len, serving=True, record=record)
+                          max_turns=max_turns, max_len=max_len, serving=True, record=record,
+                          chat_template=chat_template)
     self.model_names = self.hub.model_names
     self.run_kwargs = dict(rng=jax.random.key(0) if rng is None else rng, max_turns=max_turns,
                            max_new_tokens=max_new_tokens, max_len=max_len,
-                           temperature=temperature, top_p=top_p, chat_template=True)
+                           temperature=temperature, top_p=top_p, chat_template=chat_template)
     self.metrics, self.error = None, None
     self._thread = None
 
