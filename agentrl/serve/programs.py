@@ -21,15 +21,15 @@ reward (`hub.finish`). A program that raises (a bad request, a network error, it
 drops its episode: `Outcome.dropped` says why, and the experiment trains nothing on it. A
 program still running `timeout_s` after the engine finished is ended and dropped.
 """
-import asyncio
 import concurrent.futures
 import dataclasses
-import functools
 import importlib
 import inspect
+import json
 import logging
-import multiprocessing
-import queue
+import os
+import subprocess
+import sys
 import threading
 import time
 from typing import Any, Callable, Sequence
@@ -38,6 +38,7 @@ import numpy as np
 
 from agentrl import configs
 from agentrl.rollout import agent_loop
+from agentrl.serve import program_process
 from agentrl.serve import sessions
 
 
@@ -79,30 +80,43 @@ def program_name(agent: Callable) -> tuple[str, str]:
   return module, name
 
 
+def task_json(task: Any) -> str:
+  """`task` as the JSON it travels to the runner's process in; ValueError if it has no such
+  form."""
+  try:
+    return json.dumps(task)
+  except (TypeError, ValueError) as e:
+    raise ValueError(f"an agent program's task is not JSON ({e}): make_task must return plain "
+                     "dicts, lists, strings and numbers.") from None
+
+
 class AgentRunner:
-  """Agent programs on an asyncio event loop in a child process, with one `openai.AsyncOpenAI`.
+  """Agent programs on an asyncio event loop in a child process, with one `openai.AsyncOpenAI`
+  (agentrl/serve/program_process.py).
 
   The programs' Python (their own code, the `openai` client, HTTP) then neither shares the GIL
   with the server and the engine's scheduler nor can stall them: a program stuck in a loop
   that never yields is still ended at its rollout's timeout (`cancel`), and one that crashes
   the process (or exits it) drops its episodes; the next `start` makes a new process. A
-  program is named by its module and function (`program_name`) and imported there; the task
-  dicts travel pickled. Close the runner (or use it as a context manager) to end the process.
+  program is named by its module and function (`program_name`) and imported there, with the
+  parent's sys.path; tasks travel as JSON. Close the runner (or use it as a context manager)
+  to end the process.
   """
 
   def __init__(self, base_url: str, *, api_key: str = "", timeout_s: float = 600.0):
-    self._args = (base_url, api_key or "unused", float(timeout_s))
-    self._ctx = multiprocessing.get_context("spawn")   # fork would copy XLA's threads' locks
+    self._command = [sys.executable, "-m", "agentrl.serve.program_process", base_url,
+                     sessions.HEADER, str(float(timeout_s))]
+    self._env = {**os.environ, program_process.API_KEY_ENV: api_key,
+                 "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
     self._lock = threading.Lock()
     self._futures: dict[str, tuple[concurrent.futures.Future, float, Any]] = {}
     self._process = self._reader = None
 
   def _spawn(self) -> None:
-    self._jobs, self._results = self._ctx.Queue(), self._ctx.Queue()
-    self._process = self._ctx.Process(target=_child_main, name="agent-programs", daemon=True,
-                                      args=(*self._args, self._jobs, self._results))
-    self._process.start()
-    self._reader = threading.Thread(target=self._read, args=(self._process, self._results),
+    self._process = subprocess.Popen(self._command, stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, env=self._env, text=True,
+                                     bufsize=1)
+    self._reader = threading.Thread(target=self._read, args=(self._process,),
                                     name="agent-program-results", daemon=True)
     self._reader.start()
 
@@ -111,7 +125,10 @@ class AgentRunner:
     """Starts agent(client, task) for each (session id, task); each future gives an Outcome.
     The program's return value finishes its session with that reward; an exception drops it."""
     module, name = program_name(agent)
-    if self._process is None or not self._process.is_alive():
+    lines = "".join(task_json({"session": sid, "module": module, "name": name, "task": task})
+                    + "\n" for sid, task in jobs)
+    if self._process is None or self._process.poll() is not None:
+      self._end_process(kill=True)
       self._spawn()
     futures = []
     with self._lock:
@@ -119,7 +136,11 @@ class AgentRunner:
         future = concurrent.futures.Future()
         self._futures[session_id] = (future, time.perf_counter(), hub)
         futures.append(future)
-    self._jobs.put([(sid, module, name, task) for sid, task in jobs])
+    try:
+      self._process.stdin.write(lines)
+      self._process.stdin.flush()
+    except OSError:
+      pass   # the process died: its reader drops these programs
     return futures
 
   def cancel(self, session_ids: Sequence[str], why: str) -> None:
@@ -148,24 +169,17 @@ class AgentRunner:
       hub.finish(session_id, reward)
       future.set_result(Outcome(reward=reward, seconds=seconds))
 
-  def _read(self, process, results) -> None:
-    """The parent's reader thread: program outcomes as they come; when the process dies, every
-    program it was running is dropped."""
-    while True:
-      try:
-        session_id, reward, why = results.get(timeout=0.5)
-      except queue.Empty:
-        if process.is_alive():
-          continue
-        with self._lock:
-          lost = list(self._futures)
-        for session_id in lost:
-          self._resolve(session_id, None, "the agent-program process exited with code "
-                        f"{process.exitcode}")
-        return
-      if session_id is None:   # the process ended its loop (close)
-        return
+  def _read(self, process: subprocess.Popen) -> None:
+    """The parent's reader thread: program outcomes as they come; once the process has ended,
+    every program it was running is dropped."""
+    for line in process.stdout:
+      session_id, reward, why = json.loads(line)
       self._resolve(session_id, reward, why)
+    code = process.wait()
+    with self._lock:
+      lost = list(self._futures)
+    for session_id in lost:
+      self._resolve(session_id, None, f"the agent-program process exited with code {code}")
 
   def close(self) -> None:
     self._end_process(kill=False)
@@ -174,14 +188,16 @@ class AgentRunner:
     process = self._process
     if process is None:
       return
-    if process.is_alive() and not kill:
-      self._jobs.put(None)
-      process.join(timeout=30)
-    if process.is_alive():
+    if not kill:
+      try:
+        process.stdin.close()   # EOF: the process cancels what still runs and ends
+        process.wait(timeout=30)
+      except (OSError, subprocess.TimeoutExpired):
+        pass
+    if process.poll() is None:
       process.kill()
-      process.join(timeout=10)
-    if self._reader is not None:
-      self._reader.join(timeout=10)
+      process.wait(timeout=10)
+    self._reader.join(timeout=10)
     self._process = self._reader = None
 
   def __enter__(self):
@@ -189,49 +205,6 @@ class AgentRunner:
 
   def __exit__(self, *exc):
     self.close()
-
-
-def _child_main(base_url: str, api_key: str, timeout_s: float, jobs, results) -> None:
-  """The runner's process: runs each [(session id, module, name, task)] job as asyncio tasks
-  and ends at None; each program's (session id, reward, "" or why it is dropped) goes to
-  `results`."""
-  for name in ("httpx", "httpx2", "openai"):  # one INFO line per request otherwise
-    logging.getLogger(name).setLevel(logging.WARNING)
-  # pylint: disable-next=g-import-not-at-top
-  import openai  # the `serve` extra; only agent-program runs need it
-
-  async def one(client, session_id: str, agent: Callable, task: dict) -> None:
-    try:
-      reward, why = float(await agent(client.with_options(
-          default_headers={sessions.HEADER: session_id}), task)), ""
-    except asyncio.CancelledError:
-      reward, why = 0.0, "the program was cancelled"
-    except Exception as e:  # pylint: disable=broad-except
-      reward, why = 0.0, f"the program raised {type(e).__name__}: {str(e)[:200]}"
-    results.put((session_id, reward, why))
-
-  async def main() -> None:
-    client = openai.AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0,
-                                timeout=timeout_s)
-    loop, running = asyncio.get_running_loop(), {}
-    while (items := await loop.run_in_executor(None, jobs.get)) is not None:
-      for session_id, module, name, task in items:
-        try:
-          agent = functools.reduce(getattr, name.split("."), importlib.import_module(module))
-        except Exception as e:  # pylint: disable=broad-except
-          why = (f"agent program {module}.{name} cannot be imported in the runner's process: "
-                 f"{type(e).__name__}: {e}")
-          results.put((session_id, 0.0, why))
-          continue
-        running[session_id] = job = asyncio.create_task(one(client, session_id, agent, task))
-        job.add_done_callback(lambda _, sid=session_id: running.pop(sid, None))
-    for job in list(running.values()):
-      job.cancel()
-    await asyncio.gather(*running.values(), return_exceptions=True)
-    await client.close()
-    results.put((None, 0.0, ""))
-
-  asyncio.run(main())
 
 
 @dataclasses.dataclass
@@ -252,7 +225,8 @@ def rollout(engine, params, tok, hub: sessions.SessionHub, runner: AgentRunner,
   turn or length budget) keeps the reward the program returns within `timeout_s`; programs
   still running after that are cancelled and their episodes dropped. `gather_s`: Engine.run's.
   """
-  program_name(agent)   # before any session opens
+  program_name(agent)   # refused before any session opens
+  task_json(list(tasks))
   before = hub.stats
   envs = hub.open(len(tasks))
   futures = runner.start(agent, [(env.session_id, task) for env, task in zip(envs, tasks)], hub)

@@ -99,6 +99,11 @@ class ProgramsTest(absltest.TestCase):
                          [{"seed": 0}], rng=jax.random.key(1), **TURN)
     self.assertEqual(programs.program_name(env_agent.agent),
                      ("agentrl.serve.env_agent", "agent"))
+    opened = self.hub.stats["serve/sessions"]
+    with self.assertRaisesRegex(ValueError, "task is not JSON"):
+      programs.rollout(self.engine, self.params, self.tok, self.hub, self.runner,
+                       env_agent.agent, [{"seed": object()}], rng=jax.random.key(1), **TURN)
+    self.assertEqual(self.hub.stats["serve/sessions"], opened)   # no session was opened
 
   def test_load_program_names_what_is_missing(self):
     self.assertIs(programs.load_program("agentrl.serve.env_agent"), env_agent)
