@@ -16,12 +16,15 @@ tokens).
            (agentrl/serve/sessions.py);
   http     the HTTP floor: the same programs and requests against a backend that answers each
            at once with the text the engine sampled for it: what the HTTP stack and the
-           `openai` client cost with no model behind them.
+           `openai` client cost with no model behind them. `server CPU ms/req` is this
+           process's CPU time per request meanwhile (the server's share: uvicorn, Starlette,
+           the backend); the rest of the floor is the programs' processes (`--processes`).
 
 Each row is the fastest of `--repeats` timed runs after one that compiles. `requests/s` counts
 model turns (one chat completion each), `tokens/s` the sampled tokens; the overhead is the
 server's extra wall time over the engine's, and the HTTP floor's is the same for the floor.
 """
+import resource
 import time
 
 from absl import app
@@ -44,6 +47,8 @@ from agentrl.serve import sessions
 _MODEL = flags.DEFINE_enum("model", "tiny", ["tiny", "smollm2"], "The policy (module doc).")
 _SESSIONS = flags.DEFINE_list("sessions", ["1", "8", "32"], "Concurrent sessions per row.")
 _REPEATS = flags.DEFINE_integer("repeats", 3, "Timed runs per row (the fastest is kept).")
+_PROCESSES = flags.DEFINE_integer("processes", 1, "The agent programs' processes "
+                                  "(programs.AgentRunner).")
 
 
 class Recorded:
@@ -140,7 +145,7 @@ def main(argv):
     tasks = [env_agent.make_task(task, s) for s in seeds]
     t_engine, plain = fastest(direct, _REPEATS.value)
     with app_lib.Server(app_lib.make_app(hub, max_concurrent=2 * n)) as server, \
-        programs.AgentRunner(server.url) as runner:
+        programs.AgentRunner(server.url, processes=_PROCESSES.value) as runner:
 
       def served():
         return programs.rollout(engine, params, tok, hub, runner, env_agent.agent, tasks,
@@ -149,14 +154,19 @@ def main(argv):
       t_server, through = fastest(served, _REPEATS.value)
     replay = Replay([env.actions for env in envs])
     with app_lib.Server(app_lib.make_app(replay, max_concurrent=2 * n)) as server, \
-        programs.AgentRunner(server.url) as runner:
+        programs.AgentRunner(server.url, processes=_PROCESSES.value) as runner:
 
       def floor():
         futures = runner.start(env_agent.agent, [(f"replay-{i}", t) for i, t in
                                                  enumerate(tasks)], NoSessions())
         return [f.result() for f in futures]
 
+      floor()   # starts the programs' processes
+      cpu = resource.getrusage(resource.RUSAGE_SELF)
       t_floor, outcomes = fastest(floor, _REPEATS.value)
+      now = resource.getrusage(resource.RUSAGE_SELF)
+      server_cpu = (now.ru_utime + now.ru_stime - cpu.ru_utime - cpu.ru_stime) / (
+          _REPEATS.value + 1)
     same = all(list(a.tokens) == list(b.tokens) for a, b in zip(plain, through)) and all(
         o.reward == t.reward for o, t in zip(outcomes, plain))
     turns = sum(len(t.turn_rewards) for t in plain)
@@ -164,10 +174,12 @@ def main(argv):
     rows.append([n, turns, tokens, f"{turns / t_engine:.1f}", f"{turns / t_server:.1f}",
                  f"{turns / t_floor:.1f}", f"{tokens / t_engine:.0f}",
                  f"{tokens / t_server:.0f}", f"{100 * (t_server / t_engine - 1):+.0f}%",
-                 f"{100 * (t_floor / t_engine):.0f}%", "yes" if same else "NO"])
+                 f"{100 * (t_floor / t_engine):.0f}%", f"{1e3 * server_cpu / turns:.2f}",
+                 "yes" if same else "NO"])
   print(metrics_lib.format_table(
       ["sessions", "turns", "tokens", "engine req/s", "server req/s", "http req/s",
-       "engine tok/s", "server tok/s", "overhead", "http floor", "same tokens"], rows))
+       "engine tok/s", "server tok/s", "overhead", "http floor", "server CPU ms/req",
+       "same tokens"], rows))
 
 
 if __name__ == "__main__":

@@ -91,72 +91,83 @@ def task_json(task: Any) -> str:
 
 
 class AgentRunner:
-  """Agent programs on an asyncio event loop in a child process, with one `openai.AsyncOpenAI`
-  (agentrl/serve/program_process.py).
+  """Agent programs on asyncio event loops in child processes, each with one
+  `openai.AsyncOpenAI` (agentrl/serve/program_process.py).
 
   The programs' Python (their own code, the `openai` client, HTTP) then neither shares the GIL
   with the server and the engine's scheduler nor can stall them: a program stuck in a loop
   that never yields is still ended at its rollout's timeout (`cancel`), and one that crashes
-  the process (or exits it) drops its episodes; the next `start` makes a new process. A
-  program is named by its module and function (`program_name`) and imported there, with the
-  parent's sys.path; tasks travel as JSON. Close the runner (or use it as a context manager)
-  to end the process.
+  its process (or exits it) drops the episodes that process ran; the next `start` makes a new
+  one. A program is named by its module and function (`program_name`) and imported there,
+  with the parent's sys.path; tasks travel as JSON. `processes` > 1 deals the episodes of a
+  `start` out in turn, for machines where one core cannot keep up with the programs' clients
+  (docs/performance.md). Close the runner (or use it as a context manager) to end them.
   """
 
-  def __init__(self, base_url: str, *, api_key: str = "", timeout_s: float = 600.0):
+  def __init__(self, base_url: str, *, api_key: str = "", timeout_s: float = 600.0,
+               processes: int = 1):
+    if processes < 1:
+      raise ValueError(f"processes must be >= 1, got {processes}.")
     self._command = [sys.executable, "-m", "agentrl.serve.program_process", base_url,
                      sessions.HEADER, str(float(timeout_s))]
     self._env = {**os.environ, program_process.API_KEY_ENV: api_key,
                  "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
     self._lock = threading.Lock()
-    self._futures: dict[str, tuple[concurrent.futures.Future, float, Any]] = {}
-    self._process = self._reader = None
+    # session id -> (future, start time, hub, index of the process running it)
+    self._futures: dict[str, tuple[concurrent.futures.Future, float, Any, int]] = {}
+    self._procs: list[tuple[subprocess.Popen, threading.Thread] | None] = [None] * processes
 
-  def _spawn(self) -> None:
-    self._process = subprocess.Popen(self._command, stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, env=self._env, text=True,
-                                     bufsize=1)
-    self._reader = threading.Thread(target=self._read, args=(self._process,),
-                                    name="agent-program-results", daemon=True)
-    self._reader.start()
+  def _process(self, k: int) -> subprocess.Popen:
+    """Process k, started anew if it is not running."""
+    if self._procs[k] is not None and self._procs[k][0].poll() is None:
+      return self._procs[k][0]
+    self._end(k, kill=True)
+    process = subprocess.Popen(self._command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                               env=self._env, text=True, bufsize=1)
+    reader = threading.Thread(target=self._read, args=(process, k),
+                              name=f"agent-program-results-{k}", daemon=True)
+    reader.start()
+    self._procs[k] = process, reader
+    return process
 
   def start(self, agent: Callable, jobs: Sequence[tuple[str, dict]],
             hub: sessions.SessionHub) -> list[concurrent.futures.Future]:
     """Starts agent(client, task) for each (session id, task); each future gives an Outcome.
     The program's return value finishes its session with that reward; an exception drops it."""
     module, name = program_name(agent)
-    lines = "".join(task_json({"session": sid, "module": module, "name": name, "task": task})
-                    + "\n" for sid, task in jobs)
-    if self._process is None or self._process.poll() is not None:
-      self._end_process(kill=True)
-      self._spawn()
-    futures = []
+    lines = [task_json({"session": sid, "module": module, "name": name, "task": task})
+             for sid, task in jobs]
+    futures, n = [], len(self._procs)
     with self._lock:
-      for session_id, _ in jobs:
+      for j, (session_id, _) in enumerate(jobs):
         future = concurrent.futures.Future()
-        self._futures[session_id] = (future, time.perf_counter(), hub)
+        self._futures[session_id] = (future, time.perf_counter(), hub, j % n)
         futures.append(future)
-    try:
-      self._process.stdin.write(lines)
-      self._process.stdin.flush()
-    except OSError:
-      pass   # the process died: its reader drops these programs
+    for k in range(min(n, len(lines))):
+      process = self._process(k)
+      try:
+        process.stdin.write("".join(line + "\n" for line in lines[k::n]))
+        process.stdin.flush()
+      except OSError:
+        pass   # the process died: its reader drops these programs
     return futures
 
   def cancel(self, session_ids: Sequence[str], why: str) -> None:
-    """Ends these sessions' programs: their futures end now, dropped for `why`. The process is
-    ended with them, since a program that never yields cannot be cancelled inside it; any
-    other program it was running is dropped too, and the next `start` makes a new one."""
-    if not session_ids:
-      return
+    """Ends these sessions' programs: their futures end now, dropped for `why`. Their processes
+    are ended with them, since a program that never yields cannot be cancelled inside one;
+    any other program such a process was running is dropped too, and the next `start` makes
+    a new one."""
+    with self._lock:
+      ks = {self._futures[sid][3] for sid in session_ids if sid in self._futures}
     for session_id in session_ids:
       self._resolve(session_id, None, why)
-    self._end_process(kill=True)
+    for k in ks:
+      self._end(k, kill=True)
 
   def _resolve(self, session_id: str, reward: float | None, why: str) -> None:
     """Ends a session's future (first call wins) and its session: finish or drop."""
     with self._lock:
-      future, start, hub = self._futures.pop(session_id, (None, 0.0, None))
+      future, start, hub, _ = self._futures.pop(session_id, (None, 0.0, None, 0))
     if future is None:
       return   # cancelled before its program's answer came
     seconds = time.perf_counter() - start
@@ -169,25 +180,26 @@ class AgentRunner:
       hub.finish(session_id, reward)
       future.set_result(Outcome(reward=reward, seconds=seconds))
 
-  def _read(self, process: subprocess.Popen) -> None:
-    """The parent's reader thread: program outcomes as they come; once the process has ended,
+  def _read(self, process: subprocess.Popen, k: int) -> None:
+    """Process k's reader thread: program outcomes as they come; once the process has ended,
     every program it was running is dropped."""
     for line in process.stdout:
       session_id, reward, why = json.loads(line)
       self._resolve(session_id, reward, why)
     code = process.wait()
     with self._lock:
-      lost = list(self._futures)
+      lost = [sid for sid, entry in self._futures.items() if entry[3] == k]
     for session_id in lost:
       self._resolve(session_id, None, f"the agent-program process exited with code {code}")
 
   def close(self) -> None:
-    self._end_process(kill=False)
+    for k in range(len(self._procs)):
+      self._end(k, kill=False)
 
-  def _end_process(self, *, kill: bool) -> None:
-    process = self._process
-    if process is None:
+  def _end(self, k: int, *, kill: bool) -> None:
+    if self._procs[k] is None:
       return
+    process, reader = self._procs[k]
     if not kill:
       try:
         process.stdin.close()   # EOF: the process cancels what still runs and ends
@@ -197,8 +209,8 @@ class AgentRunner:
     if process.poll() is None:
       process.kill()
       process.wait(timeout=10)
-    self._reader.join(timeout=10)
-    self._process = self._reader = None
+    reader.join(timeout=10)
+    self._procs[k] = None
 
   def __enter__(self):
     return self

@@ -47,9 +47,10 @@ class ProgramsTest(absltest.TestCase):
 
   def test_env_agent_samples_what_the_engine_samples_from_the_env(self):
     seeds = [3, 4]
-    out = programs.rollout(self.engine, self.params, self.tok, self.hub, self.runner,
-                           env_agent.agent, [env_agent.make_task(TASK, s) for s in seeds],
-                           rng=jax.random.key(0), greedy=True, **TURN)
+    with programs.AgentRunner(self.server.url, processes=2) as runner:   # one episode each
+      out = programs.rollout(self.engine, self.params, self.tok, self.hub, runner,
+                             env_agent.agent, [env_agent.make_task(TASK, s) for s in seeds],
+                             rng=jax.random.key(0), greedy=True, **TURN)
     make_env = registry.factory(TASK)
     plain, _ = self.engine.run(self.params, self.tok, [make_env() for _ in seeds], [0, 1],
                                rng=jax.random.key(0), greedy=True, **TURN)

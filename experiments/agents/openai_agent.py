@@ -66,8 +66,10 @@ def get_config(arg: str | None = None) -> mlc.ConfigDict:
   # module: the agent program (programs.load_program); session_timeout_s: how long a session
   # waits for its program's next request; success_reward: an episode whose reward reaches it
   # counts as a success; tool_format: how the server parses tool calls in the model's text
-  # (envs/tool_calls.py); api_key: the server's bearer token ("": none; loopback only).
-  c.agent = dict(module="agentrl.serve.env_agent", session_timeout_s=120.0,
+  # (envs/tool_calls.py); api_key: the server's bearer token ("": none; loopback only);
+  # processes: the programs' processes (programs.AgentRunner; more where one core cannot keep
+  # up with the programs' `openai` clients).
+  c.agent = dict(module="agentrl.serve.env_agent", session_timeout_s=120.0, processes=1,
                  success_reward=1.0, tool_format="hermes", api_key="")
   return c
 
@@ -84,6 +86,7 @@ SCHEMA = {
     "agent.success_reward": configs.Key(float),
     "agent.tool_format": configs.Key(str),
     "agent.api_key": configs.Key(str),
+    "agent.processes": configs.Key(int, min=1),
 }
 
 
@@ -208,7 +211,8 @@ def train(config: mlc.ConfigDict, workdir: str) -> dict:
   # sessions never refuses one of ours.
   app_ = app_lib.make_app(hub, api_key=ac.api_key or None, max_concurrent=2 * sessions_at_once)
   with app_lib.Server(app_) as server, \
-      programs.AgentRunner(server.url, api_key=ac.api_key) as runner, jax.set_mesh(mesh):
+      programs.AgentRunner(server.url, api_key=ac.api_key,
+                           processes=ac.processes) as runner, jax.set_mesh(mesh):
     result = loop.run(
         state, rng=jax.random.key(config.seed), total_steps=config.total_steps, workdir=workdir,
         rollout_fn=make_rollout_fn(config, engine, tok, hub, server, runner, program, data,
