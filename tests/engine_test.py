@@ -154,7 +154,7 @@ class EngineTest(parameterized.TestCase):
     envs = [make() for _ in SEEDS]
     coming = [(envs[0], SEEDS[0]), (envs[1], SEEDS[1])] + [
         (envs[i], SEEDS[i], flags[i]) for i in SEEDS[2:]]
-    polls, ended, sampled = [], {}, []
+    polls, ended, sampled, decoded = [], {}, [], {i: [] for i in SEEDS}
 
     def arrivals(wait_s):
       polls.append(wait_s)
@@ -167,6 +167,8 @@ class EngineTest(parameterized.TestCase):
     def watch(kind, env, traj):
       if kind == "ended":
         ended[envs.index(env)] = traj
+      elif kind == "decoded":   # a chunk's new ids
+        decoded[envs.index(env)] += traj.tolist()
       else:
         sampled.append(envs.index(env))
 
@@ -178,6 +180,7 @@ class EngineTest(parameterized.TestCase):
     for i, traj in ended.items():
       np.testing.assert_array_equal(traj.tokens, reference[i].tokens)
       np.testing.assert_allclose(traj.sampler_logp, reference[i].sampler_logp, atol=1e-5)
+      self.assertEqual(decoded[i], traj.tokens[traj.loss_mask > 0].tolist())
     self.assertLen(sampled, sum(len(t.turn_rewards) for t in reference))
     for key in ("rollout/sampled_tokens", "env/steps", "env/resets"):
       self.assertEqual(metrics[key], ref_metrics[key])

@@ -46,7 +46,9 @@ episodes); `agent_loop.run_per_turn` is the simple per-turn reference it is test
   `watch` when it ends (a server runs for days), and keeps only a few list entries per episode.
 - **Watching.** `watch(kind, env, trajectory)` is called on the scheduler thread when a model
   turn was sampled ("sampled", before the env gets its text) and when an episode ended
-  ("ended"), with the env as given to the run.
+  ("ended"), with the env as given to the run; and after every decode chunk, for each slot
+  that sampled in it, with the ids it added to the turn in place of the trajectory
+  ("decoded": what a server streams while a turn is sampled, at `chunk` steps' granularity).
 
 Token bookkeeping, SafeEnv wrapping, metrics and the Trajectory format are `agent_loop`'s.
 """
@@ -186,8 +188,9 @@ class Engine:
         it has work), or None once no more will come (module docstring). Needs `watch`;
         the run then returns no trajectories.
       watch: None, or a function (kind, env, trajectory) -> None called on the scheduler
-        thread at each sampled turn ("sampled") and episode end ("ended"); it must not raise
-        and should return quickly.
+        thread at each sampled turn ("sampled") and episode end ("ended"), and with a slot's
+        new ids (an int32 array) instead of a trajectory after each decode chunk ("decoded");
+        it must not raise and should return quickly.
       gather_s: the env-result gap a decode chunk waits over (module doc, "Gathering").
     """
     if len(envs) != len(seeds):
@@ -677,6 +680,8 @@ class _Run:
                  alternatives=(alt[i, :n], alt_logp[i, :n]) if self.alternatives else None)
       slot.cached += n
       self.counts["sampled_tokens"] += n
+      if self.watch is not None and n:
+        self.watch("decoded", self.given[slot.episode], tokens[i, :n])
       if stopped[i] or len(row.tokens) - slot.turn_start >= slot.budget:
         self.model_turns += 1
         self.cut_turns += not stopped[i]

@@ -11,10 +11,16 @@ honoured, is the `Backend`'s: its `chat` runs on the server's event loop and may
 the engine. When the client disconnects or the timeout passes, the pending `chat` call is
 cancelled (the backend sees asyncio.CancelledError, so it can drop the episode).
 
-Streaming: the backend answers with a whole Completion, so a streamed response starts once the
-backend has answered. Every error before then (the backend's own APIErrors, timeouts) is an
-HTTP status with an OpenAI body, as for a non-streamed request; the chunks then follow at once,
-one delta per word.
+Streaming: the backend calls `stream(choice index, text)` with each next piece of a choice's
+content while it is sampled (the rollout engine's backends: after every decode chunk), and
+answers with the whole Completion. The response starts with the first piece (a role delta for
+every choice, then that piece), or with the Completion when no piece came first (e.g. the
+content was held back for a possible tool call); every error before then (the backend's own
+APIErrors, timeouts) is an HTTP status with an OpenAI body, as for a non-streamed request.
+Each piece then goes out as one content delta as it comes; the Completion's rest of each
+content (a delta per word), its tool calls, finish reasons and usage end the response. An
+error after the start (a timeout, a session dropped meanwhile) is sent as an event
+`{"error": {...}}` (which the `openai` client raises) that ends the stream without [DONE].
 
 `app.state.stats` counts `serve/requests`, `serve/errors` (every error response),
 `serve/disconnects` (clients gone before or during their response), `serve/request_timeouts` and
@@ -57,11 +63,16 @@ class Backend(typing.Protocol):
   """
   model_names: Sequence[str]
 
-  async def chat(self, request: protocol.ChatRequest) -> protocol.Completion:
+  async def chat(self, request: protocol.ChatRequest,
+                 stream: Callable[[int, str], None] | None = None) -> protocol.Completion:
     """Answers one request with `request.n` choices.
 
     Runs on the server's event loop; may raise protocol.APIError (e.g. a 400 for an over-long
     context), and sees asyncio.CancelledError when the client leaves or the timeout passes.
+    A streamed request passes `stream`, to be called on the event loop with (choice index,
+    text) for each next piece of a choice's content: the pieces of a choice must concatenate
+    to a prefix of its final content. A backend may send none (the whole reply then streams
+    at the end); one that never streams may leave the argument out.
     """
     ...
 
@@ -98,36 +109,118 @@ async def _race(work: Awaitable, receive, timeout_s: float) -> Any:
     return task.result()
   if watcher in done:
     raise _Disconnected()
-  raise protocol.APIError(504, f"The backend did not answer within {timeout_s:g} s; the request "
-                          "was dropped", type="timeout_error", code="timeout")
+  raise _timeout(timeout_s)
+
+
+def _timeout(timeout_s: float) -> protocol.APIError:
+  return protocol.APIError(504, f"The backend did not answer within {timeout_s:g} s; the request "
+                           "was dropped", type="timeout_error", code="timeout")
 
 
 def _event(data: str) -> bytes:
   return b"data: " + data.encode() + b"\n\n"
 
 
-class _EventStream:
-  """A text/event-stream response of ready chunks; stops early when the client leaves."""
+class _Call:
+  """A streamed request's backend call: the content pieces it sends, queued for the response
+  as (choice index, text), then None once the call is done."""
 
-  def __init__(self, chunks: list[dict], on_disconnect: Callable[[], None]):
-    self.chunks = chunks
-    self.on_disconnect = on_disconnect
+  def __init__(self, backend: Backend, chat: protocol.ChatRequest):
+    self.queue = asyncio.Queue()
+    self.task = asyncio.ensure_future(backend.chat(chat, stream=self._put))
+    self.task.add_done_callback(lambda _: self.queue.put_nowait(None))
+
+  def _put(self, index: int, text: str) -> None:
+    self.queue.put_nowait((index, text))
+
+  def cancel(self) -> None:
+    if not self.task.done():
+      self.task.cancel()
+      self.task.add_done_callback(_retrieve)
+
+  async def first(self, receive, timeout_s: float) -> tuple[int, str] | None:
+    """The first piece, or None once the call answered (its error is raised here)."""
+    try:
+      piece = await _race(self.queue.get(), receive, timeout_s)
+    except BaseException:
+      self.cancel()
+      raise
+    if piece is None:
+      self.task.result()
+    return piece
+
+
+class _EventStream:
+  """A text/event-stream response: the chunks of `call`'s pieces as they come (from `first`,
+  None when the call already answered), then its Completion's. Ends early when the client
+  leaves, and with an error event when the call fails or `deadline` passes."""
+
+  def __init__(self, service: "_Service", chunks: protocol.Chunks, n: int, call: _Call,
+               first: tuple[int, str] | None, deadline: float):
+    self.service, self.chunks, self.n, self.call = service, chunks, n, call
+    self.first, self.deadline = first, deadline
 
   async def __call__(self, scope, receive, send) -> None:
     watcher = asyncio.ensure_future(_wait_disconnect(receive))
+
+    async def put(chunk: dict) -> None:
+      await send({"type": "http.response.body", "more_body": True,
+                  "body": _event(json.dumps(chunk, separators=(",", ":")))})
+      await asyncio.sleep(0)  # lets the watcher see a disconnect: sends to a gone client return
+      if watcher.done():
+        raise _Disconnected()
+
     try:
       await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
-      for chunk in self.chunks:
-        await send({"type": "http.response.body", "more_body": True,
-                    "body": _event(json.dumps(chunk, separators=(",", ":")))})
-        await asyncio.sleep(0)  # lets the watcher see a disconnect: sends to a gone client return
-        if watcher.done():
-          self.on_disconnect()
-          return
+      for chunk in self.chunks.opening(range(self.n)):
+        await put(chunk)
+      sent, piece = [""] * self.n, self.first
+      while piece is not None:
+        index, text = piece
+        sent[index] += text
+        await put(self.chunks.content(index, text))
+        piece = await self._next(watcher)
+      completion = self.call.task.result()
+      chunks = []
+      for choice in completion.choices:
+        if not (choice.content or "").startswith(sent[choice.index]):
+          logging.warning("serve: choice %d's streamed text is not a prefix of its content",
+                          choice.index)
+        chunks += self.chunks.ending(choice, sent[choice.index])
+      for chunk in chunks + self.chunks.usage(completion):
+        await put(chunk)
       watcher.cancel()  # once the response is complete, receive reports a disconnect too
       await send({"type": "http.response.body", "body": _event("[DONE]"), "more_body": False})
+    except _Disconnected:
+      self.service.count_disconnect()
+    except protocol.APIError as err:
+      await self._fail(send, err)
+    except Exception:  # pylint: disable=broad-except
+      logging.exception("serve: a streamed response failed")
+      await self._fail(send, protocol.APIError(500, "The server failed on this request; see "
+                                               "its log", type="server_error"))
     finally:
       watcher.cancel()
+      self.call.cancel()
+      self.service.in_flight -= 1
+
+  async def _next(self, watcher: asyncio.Future) -> tuple[int, str] | None:
+    """The call's next piece (None: it answered); raises when the client leaves or the
+    deadline passes first."""
+    get = asyncio.ensure_future(self.call.queue.get())
+    done, _ = await asyncio.wait({get, watcher}, return_when=asyncio.FIRST_COMPLETED,
+                                 timeout=max(self.deadline - time.monotonic(), 0.0))
+    if get in done:
+      return get.result()
+    get.cancel()
+    if watcher in done:
+      raise _Disconnected()
+    raise _timeout(self.service.request_timeout_s)
+
+  async def _fail(self, send, err: protocol.APIError) -> None:
+    self.service.count(err)
+    await send({"type": "http.response.body", "more_body": False,
+                "body": _event(json.dumps(protocol.error_body(err)))})
 
 
 class _Service:
@@ -142,14 +235,18 @@ class _Service:
     self.stats = dict.fromkeys(STATS, 0)
     self.in_flight = 0
 
-  def error(self, err: protocol.APIError) -> JSONResponse:
+  def count(self, err: protocol.APIError) -> None:
     self.stats["serve/errors"] += 1
-    headers = {}
     if err.status == 429:
       self.stats["serve/rejected"] += 1
-      headers["retry-after"] = "1"
     if err.type == "timeout_error":
       self.stats["serve/request_timeouts"] += 1
+
+  def error(self, err: protocol.APIError) -> JSONResponse:
+    self.count(err)
+    headers = {}
+    if err.status == 429:
+      headers["retry-after"] = "1"
     if err.status == 401:
       headers["www-authenticate"] = "Bearer"
     return JSONResponse(protocol.error_body(err), status_code=err.status, headers=headers)
@@ -198,17 +295,22 @@ class _Service:
       raise protocol.APIError(429, f"{self.max_concurrent} requests are already in flight; retry "
                               "later", type="rate_limit_error", code="rate_limit_exceeded")
     self.in_flight += 1
+    streaming = None   # the response that takes over the in-flight count
     try:
       chat = protocol.parse_chat_request(await request.body(), request.headers)
       self.known_model(chat.model)
+      request_id, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
+      if chat.stream:
+        deadline = time.monotonic() + self.request_timeout_s
+        call = _Call(self.backend, chat)
+        first = await call.first(request.receive, self.request_timeout_s)
+        chunks = protocol.Chunks(request_id, chat.model, created, chat.include_usage)
+        streaming = _EventStream(self, chunks, chat.n, call, first, deadline)
+        return streaming
       completion = await _race(self.backend.chat(chat), request.receive, self.request_timeout_s)
     finally:
-      self.in_flight -= 1
-    request_id, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
-    if chat.stream:
-      chunks = protocol.chunk_bodies(request_id, chat.model, created, completion,
-                                     chat.include_usage)
-      return _EventStream(chunks, self.count_disconnect)
+      if streaming is None:
+        self.in_flight -= 1
     return JSONResponse(protocol.completion_body(request_id, chat.model, created, completion))
 
   def count_disconnect(self) -> None:

@@ -1,7 +1,8 @@
 """The server against the real `openai` client (and raw httpx for what that client cannot send).
 
 A deterministic test backend stands in for the rollout engine: it echoes the last message, calls
-the `add` tool when tools are given, and sleeps, holds, raises or answers at length on demand.
+the `add` tool when tools are given, and sleeps, holds, raises, answers at length or streams the
+start of its answer before it waits on demand.
 One Server per test class.
 """
 import asyncio
@@ -34,16 +35,22 @@ class EchoBackend:
     self.in_flight = 0
     self.max_in_flight = 0
     self.gate = None  # releases the "hold" requests: an asyncio.Event on the server loop
+    self.drip = None  # releases a "drip" request (an asyncio.Event)
     self.loop = None
     self.lock = threading.Lock()
 
-  def release(self) -> None:
-    self.loop.call_soon_threadsafe(self.gate.set)
+  def release(self, gate: str = "gate") -> None:
+    self.loop.call_soon_threadsafe(getattr(self, gate).set)
 
-  async def _command(self, text: str) -> str | None:
+  async def _command(self, text: str, n: int, stream) -> str | None:
     """Waits as `text` asks; returns a replacement answer or None."""
     verb, _, arg = text.partition(" ")
-    if verb == "sleep":
+    if verb == "drip":   # streams "echo: ", then waits `arg` seconds or for release("drip")
+      self.drip = asyncio.Event()
+      for i in range(n):
+        stream(i, "echo: ")
+      await (asyncio.sleep(float(arg)) if arg else self.drip.wait())
+    elif verb == "sleep":
       await asyncio.sleep(float(arg))
     elif verb == "hold":
       await self.gate.wait()
@@ -59,7 +66,7 @@ class EchoBackend:
       return " ".join(["w" * 1000] * int(arg))
     return None
 
-  async def chat(self, request: protocol.ChatRequest) -> protocol.Completion:
+  async def chat(self, request: protocol.ChatRequest, stream=None) -> protocol.Completion:
     self.loop = asyncio.get_running_loop()
     self.gate = self.gate or asyncio.Event()
     self.requests.append(request)
@@ -67,7 +74,7 @@ class EchoBackend:
     self.max_in_flight = max(self.max_in_flight, self.in_flight)
     try:
       last = request.messages[-1]
-      answer = await self._command(last["content"] or "")
+      answer = await self._command(last["content"] or "", request.n, stream)
     except asyncio.CancelledError:
       with self.lock:
         self.cancelled += 1
@@ -177,6 +184,25 @@ class ChatTest(_ServerTest):
     self.assertEqual(final.usage.completion_tokens, 7)
     self.assertTrue(self.backend.requests[-1].include_usage)
 
+  def test_pieces_stream_while_the_backend_works(self):
+    stream = self.client.chat.completions.create(
+        model="echo", messages=_user("drip"), n=2, stream=True,
+        stream_options={"include_usage": True})
+    chunks, seen = iter(stream), []
+    for chunk in chunks:   # the role deltas, then each choice's first piece
+      seen.append(chunk)
+      if sum(bool(c.delta.content) for s in seen for c in s.choices) == 2:
+        break
+    self.assertEqual(self.backend.in_flight, 1)   # it has not answered yet
+    self.backend.release("drip")
+    seen += list(chunks)
+    content = {0: "", 1: ""}
+    for chunk in seen:
+      for choice in chunk.choices:
+        content[choice.index] += choice.delta.content or ""
+    self.assertEqual(content, {0: "echo: drip #0", 1: "echo: drip #1"})
+    self.assertEqual(seen[-1].usage.completion_tokens, 14)
+
   def test_stream_tool_calls_and_n(self):
     chunks = list(self.client.chat.completions.create(
         model="echo", messages=_user("add"), tools=TOOLS, n=2, stream=True))
@@ -272,9 +298,10 @@ class ChatTest(_ServerTest):
       self.assertIn("message", response.json()["error"])
 
   def test_backend_errors(self):
-    with self.assertRaises(openai.BadRequestError) as caught:
-      self.chat("overlong")
-    self.assertEqual(caught.exception.code, "context_length_exceeded")
+    for stream in (False, True):   # streamed: an HTTP error too, before any chunk
+      with self.assertRaises(openai.BadRequestError) as caught:
+        self.chat("overlong", stream=stream)
+      self.assertEqual(caught.exception.code, "context_length_exceeded")
     errors = self.server.stats["serve/errors"]
     with self.assertLogs(level="ERROR"):
       with self.assertRaises(openai.InternalServerError) as caught:
@@ -321,15 +348,31 @@ class LimitsTest(_ServerTest):
     self.assertEqual(self.chat("next").choices[0].message.content, "echo: next")
 
   def test_disconnect_mid_stream(self):
-    disconnects = self.server.stats["serve/disconnects"]
-    body = {"model": "echo", "messages": _user("long 20000"), "stream": True}
-    with httpx.stream("POST", self.server.url + "/chat/completions", json=body) as response:
-      self.assertEqual(response.status_code, 200)
-      first = next(response.iter_lines())
-    self.assertEqual(json.loads(first.removeprefix("data: "))["choices"][0]["delta"]["role"],
-                     "assistant")
-    self.assertTrue(_wait_for(lambda: self.server.stats["serve/disconnects"] == disconnects + 1))
-    self.assertEqual(self.chat("next").choices[0].message.content, "echo: next")
+    # A long answer streamed at its end; a backend still working after its first piece.
+    for text, cancelled in (("long 20000", 0), ("drip 30", 1)):
+      disconnects, before = self.server.stats["serve/disconnects"], self.backend.cancelled
+      body = {"model": "echo", "messages": _user(text), "stream": True}
+      with httpx.stream("POST", self.server.url + "/chat/completions", json=body) as response:
+        self.assertEqual(response.status_code, 200)
+        first = next(response.iter_lines())
+      self.assertEqual(json.loads(first.removeprefix("data: "))["choices"][0]["delta"]["role"],
+                       "assistant")
+      self.assertTrue(_wait_for(
+          lambda: self.server.stats["serve/disconnects"] == disconnects + 1))
+      self.assertTrue(_wait_for(lambda: self.backend.cancelled == before + cancelled))
+      self.assertEqual(self.chat("next").choices[0].message.content, "echo: next")
+
+  def test_timeout_after_the_first_piece_is_an_error_event(self):
+    before, cancelled = self.server.stats, self.backend.cancelled
+    content = ""
+    with self.assertRaisesRegex(openai.APIError, "did not answer within 1 s"):
+      for chunk in self.chat("drip 30", stream=True):
+        content += chunk.choices[0].delta.content or ""
+    self.assertEqual(content, "echo: ")
+    self.assertTrue(_wait_for(lambda: self.backend.cancelled == cancelled + 1))
+    after = self.server.stats
+    self.assertEqual([after[k] - before[k] for k in ("serve/errors", "serve/request_timeouts")],
+                     [1, 1])
 
 
 class ServerTest(absltest.TestCase):

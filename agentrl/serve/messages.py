@@ -6,10 +6,12 @@ after an assistant turn become the next observation (tool messages through `tool
 the model family's tool format); a sampled turn's text becomes the reply's content and OpenAI
 `tool_calls` (`reply`), and the message a client sends back for it is checked against
 `returned(choice)`. `normalize` gives messages one form for that comparison; `tools_of`
-converts a request's function schemas to `tool_calls.Tool`s.
+converts a request's function schemas to `tool_calls.Tool`s. A streamed reply's content is sent
+while the turn is sampled (`TurnText`: the text of the ids so far, less what `reply` may still
+cut off, `streamable`).
 """
 import json
-from typing import Any, Sequence
+from typing import Any, Callable, Collection, Iterable, Sequence
 import uuid
 
 from agentrl.envs import tool_calls
@@ -217,3 +219,68 @@ def returned(choice: protocol.Choice) -> dict:
   """The assistant message a choice adds to its session's history (normalized)."""
   return normalize([{"role": "assistant", "content": choice.content,
                      "tool_calls": list(choice.tool_calls)}])[0]
+
+
+def first_of(text: str, markers: Iterable[str]) -> int:
+  """Where the first of the non-empty `markers` occurs in `text`; -1 if none does."""
+  return min((text.find(m) for m in markers if m and m in text), default=-1)
+
+
+def _before_markers(text: str, markers: Sequence[str]) -> str:
+  """`text` up to its first marker, less a tail that a longer text could make a marker."""
+  markers = [m for m in markers if m]
+  cut = first_of(text, markers)
+  if cut >= 0:
+    return text[:cut]
+  longest = max(map(len, markers), default=0)
+  for start in range(max(0, len(text) - longest + 1), len(text)):
+    if any(m.startswith(text[start:]) for m in markers):
+      return text[:start]
+  return text
+
+
+def streamable(text: str, toolbox, stop: Sequence[str] = ()) -> str:
+  """The part of a turn's text so far that surely begins its reply's content (`reply` of the
+  whole text), so a streamed reply never sends what it would take back.
+
+  `stop` (a one-turn request's stop strings) ends the text at the first one. With a `toolbox`
+  (a request with tools and tool_choice other than "none"), the text ends before the first
+  opening tag of a call in its format (<tool_call>, or a tool's tag), and whitespace at its
+  end waits for what follows (`reply` strips the text around calls); a text that starts with
+  whitespace waits for the turn's end. A tail that may still grow into a stop string or a tag
+  waits too.
+  """
+  text = _before_markers(text, stop)
+  if toolbox is None:
+    return text
+  tags = ["tool_call"] if toolbox.fmt == "hermes" else list(toolbox.by_tag)
+  text = _before_markers(text, [f"<{tag}>" for tag in tags])
+  return "" if text[:1].isspace() else text.rstrip()
+
+
+class TurnText:
+  """A streamed turn's content while it is sampled: `add(ids)` takes the ids of the next
+  decode chunk and returns the text that follows what it returned before.
+
+  The ids so far are decoded whole (a SentencePiece word start keeps its space, a byte-level
+  BPE token is read with its neighbours); an incomplete last character (U+FFFD) waits for the
+  token that completes it, stop ids are left out, and `streamable` holds back what a stop
+  string or a tool call may still remove. So the pieces concatenate to a prefix of the reply's
+  content, for a tokenizer whose decoding of a prefix of the ids is a prefix of the whole
+  decoding up to an incomplete last character (SentencePiece, byte-level BPE). Each call
+  decodes the turn so far.
+  """
+
+  def __init__(self, decode: Callable[[list[int]], str], stop_ids: Collection[int],
+               toolbox=None, stop: Sequence[str] = ()):
+    self.decode, self.stop_ids, self.toolbox, self.stop = decode, stop_ids, toolbox, stop
+    self.ids: list[int] = []
+    self.sent = ""
+
+  def add(self, ids: Iterable[int]) -> str:
+    self.ids += [t for t in map(int, ids) if t not in self.stop_ids]
+    text = streamable(self.decode(self.ids).rstrip("\ufffd"), self.toolbox, self.stop)
+    if len(text) <= len(self.sent) or not text.startswith(self.sent):
+      return ""
+    piece, self.sent = text[len(self.sent):], text
+    return piece

@@ -411,39 +411,46 @@ def _tool_call_deltas(index: int, call: dict) -> list[dict]:
                     for p in pieces(function["arguments"])]
 
 
-def _choice_deltas(choice: Choice) -> list[dict]:
-  deltas = [{"role": "assistant", "content": ""}]
-  deltas += [{"content": p} for p in pieces(choice.content or "")]
-  for i, call in enumerate(choice.tool_calls):
-    deltas += [{"tool_calls": [d]} for d in _tool_call_deltas(i, call)]
-  return deltas
+class Chunks:
+  """The `chat.completion.chunk` bodies of one streamed response, one server-sent event each.
 
-
-def chunk_bodies(request_id: str, model: str, created: int, completion: Completion,
-                 include_usage: bool) -> list[dict]:
-  """The `chat.completion.chunk` bodies streaming `completion`, one server-sent event each.
-
-  Per choice: a role delta, content deltas (a piece per word), tool-call deltas (id and name,
-  then argument pieces), and a last chunk with the finish_reason; then, with `include_usage`, a
-  chunk with no choices carrying the usage (every other chunk has "usage": null, as OpenAI's).
+  Per choice: a role delta (`opening`), content deltas (`content`), then (`ending`) the rest
+  of its content a piece per word, tool-call deltas (id and name, then argument pieces) and a
+  chunk with the finish_reason; with `include_usage`, a last chunk with no choices carrying
+  the usage (every other chunk has "usage": null, as OpenAI's).
   """
-  def chunk(choices: list[dict]) -> dict:
-    body = {"id": request_id, "object": "chat.completion.chunk", "created": created,
-            "model": model, "system_fingerprint": None, "choices": choices}
-    if include_usage:
+
+  def __init__(self, request_id: str, model: str, created: int, include_usage: bool):
+    self.head = {"id": request_id, "object": "chat.completion.chunk", "created": created,
+                 "model": model, "system_fingerprint": None}
+    self.include_usage = include_usage
+
+  def _chunk(self, choices: list[dict]) -> dict:
+    body = {**self.head, "choices": choices}
+    if self.include_usage:
       body["usage"] = None
     return body
 
-  chunks = []
-  for choice in completion.choices:
-    for delta in _choice_deltas(choice):
-      chunks.append(chunk([{"index": choice.index, "delta": delta, "logprobs": None,
-                            "finish_reason": None}]))
-    chunks.append(chunk([{"index": choice.index, "delta": {}, "logprobs": None,
-                          "finish_reason": choice.finish_reason}]))
-  if include_usage:
-    chunks.append(chunk([]) | {"usage": _usage(completion)})
-  return chunks
+  def _delta(self, index: int, delta: dict, finish: str | None = None) -> dict:
+    return self._chunk([{"index": index, "delta": delta, "logprobs": None,
+                         "finish_reason": finish}])
+
+  def opening(self, indices: Sequence[int]) -> list[dict]:
+    return [self._delta(i, {"role": "assistant", "content": ""}) for i in indices]
+
+  def content(self, index: int, text: str) -> dict:
+    return self._delta(index, {"content": text})
+
+  def ending(self, choice: Choice, sent: str = "") -> list[dict]:
+    """The chunks finishing `choice`, whose content began with `sent` (streamed before)."""
+    chunks = [self.content(choice.index, p) for p in pieces((choice.content or "")[len(sent):])]
+    for i, call in enumerate(choice.tool_calls):
+      chunks += [self._delta(choice.index, {"tool_calls": [d]})
+                 for d in _tool_call_deltas(i, call)]
+    return chunks + [self._delta(choice.index, {}, choice.finish_reason)]
+
+  def usage(self, completion: Completion) -> list[dict]:
+    return [self._chunk([]) | {"usage": _usage(completion)}] if self.include_usage else []
 
 
 def models_body(names: Sequence[str], created: int = 0) -> dict:

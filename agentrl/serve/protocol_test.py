@@ -78,7 +78,11 @@ class BodiesTest(absltest.TestCase):
     call = protocol.tool_call("f", {"x": 1}, "call_1")
     completion = protocol.Completion((protocol.Choice(0, "hello big world"),
                                       protocol.Choice(1, None, (call,), "tool_calls")), 5, 9)
-    chunks = protocol.chunk_bodies("id", "m", 0, completion, include_usage=True)
+    maker = protocol.Chunks("id", "m", 0, include_usage=True)
+    first, second = completion.choices
+    chunks = (maker.opening([0, 1]) + [maker.content(0, "hello b")]   # streamed while sampled
+              + maker.ending(first, sent="hello b") + maker.ending(second)
+              + maker.usage(completion))
     content, arguments, finish = {0: "", 1: ""}, "", {}
     for chunk in chunks[:-1]:
       self.assertIsNone(chunk["usage"])

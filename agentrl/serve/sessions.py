@@ -30,13 +30,14 @@ Training (`SessionHub`, an experiment's rollout):
   # meanwhile each agent calls the server with its session id, then hub.finish(id, reward)
   hub.close_all()
 
-`watch=hub.watch` is required: it tells a session its turn's token counts and its end. A
-session's episode ends when `finish(reward)` answers its blocked step (done, that reward), when
-it is dropped (`drop(why)`, a client that waited more than session_timeout_s, a client that
-disconnected while its request was sampled, `close_all`: info["dropped"] says why and
-`env.dropped` too, so the experiment trains on none of it), or when the rollout's max_turns or
-max_len ends it: the session's next request then fails with a 400 naming the limit, and a
-later `finish(reward)` only sets `env.reward` (the experiment reads it there).
+`watch=hub.watch` is required: it tells a session its turn's ids as they are decoded, its
+turn's token counts and its end. A session's episode ends when `finish(reward)` answers its
+blocked step (done, that reward), when it is dropped (`drop(why)`, a client that waited more
+than session_timeout_s, a client that disconnected while its request was sampled,
+`close_all`: info["dropped"] says why and `env.dropped` too, so the experiment trains on none
+of it), or when the rollout's max_turns or max_len ends it: the session's next request then
+fails with a 400 naming the limit, and a later `finish(reward)` only sets `env.reward` (the
+experiment reads it there).
 
 Sampling parameters. The engine samples a whole run with one temperature and top_p, and the
 trainer's log-probs assume them, so in training a request's temperature, top_p, seed, stop and
@@ -52,6 +53,14 @@ new messages are tool messages (answering that turn's calls by tool_call_id), us
 or tool messages then user messages (rendered together as one user message). A tool must be
 expressible as a `tool_calls.Tool`: arguments typed string, number or integer (a 400 names the
 tool and argument otherwise); tool_choice "auto" or "none" ("none": calls are not parsed).
+
+Streaming. `chat(request, stream=f)` calls f(choice index, text) on the event loop with each
+next piece of a choice's content while its turn is sampled: the engine's watch hands a
+session its turn's ids after every decode chunk (`Engine(chunk=...)` steps), and the event
+loop decodes them (`messages.TurnText`). The pieces concatenate to a prefix of the choice's
+content (the rest comes with the reply): an incomplete character, a possible stop string and,
+for a request with tools, anything from a possible tool call on wait (`messages.streamable`).
+Nothing else changes: the engine samples the same ids, and the trajectory is the same.
 
 Counters (`hub.stats`): serve/sessions (opened), serve/dropped, serve/timeouts (dropped for
 waiting too long), serve/diverged (requests whose history did not match), serve/ignored_sampling.
@@ -80,6 +89,7 @@ import asyncio
 import collections
 import concurrent.futures
 import dataclasses
+import functools
 import json
 import queue
 import threading
@@ -137,6 +147,49 @@ class _Request:
   opening: dict | None = None     # first request: system_prompt, examples, user
   obs: str = ""                   # later request: the observation text
   tool_results: list[str] | None = None
+  stream: "_Stream | None" = None  # a streamed request's content pieces
+
+
+class _Stream:
+  """Carries a streamed request's sampled ids from the engine's scheduler thread to the
+  server's event loop, which turns them into content pieces for `on_text`."""
+
+  def __init__(self, loop: asyncio.AbstractEventLoop, on_text: Callable[[str], None],
+               text: msg.TurnText):
+    self.loop, self.on_text, self.text = loop, on_text, text
+    self.closed = False          # the request was answered or cancelled: no more pieces
+    self._lock = threading.Lock()
+    self._ids = []               # ids not yet decoded
+
+  def push(self, ids) -> None:
+    """Queues a decode chunk's ids (scheduler thread): cheap, and never raises."""
+    with self._lock:
+      wake = not self._ids
+      self._ids.extend(ids)
+    if wake:
+      self._on_loop(self._drain)
+
+  def _drain(self) -> None:
+    with self._lock:
+      ids, self._ids = self._ids, []
+    if not self.closed:
+      piece = self.text.add(ids)
+      if piece:
+        self.on_text(piece)
+
+  def end(self, _=None) -> None:
+    """Ends the stream once the pieces queued so far are out (any thread; the request was
+    answered or cancelled): they reach the loop before its answer does."""
+    self._on_loop(self._close)
+
+  def _close(self) -> None:
+    self.closed = True
+
+  def _on_loop(self, callback) -> None:
+    try:
+      self.loop.call_soon_threadsafe(callback)
+    except RuntimeError:   # the server's loop is closed: no one reads the stream
+      self.closed = True
 
 
 # Messages.
@@ -183,9 +236,11 @@ class ClientEnv:
 
   # The server's side (event loop thread).
 
-  def submit(self, request: protocol.ChatRequest) -> concurrent.futures.Future:
+  def submit(self, request: protocol.ChatRequest,
+             on_text: Callable[[str], None] | None = None) -> concurrent.futures.Future:
     """Checks a request against the session and hands it over; its reply future. Raises
-    APIError when the session cannot take it."""
+    APIError when the session cannot take it. `on_text` (called on the event loop that
+    submits) streams the reply's content (module docstring, *Streaming*)."""
     with self._cv:
       if self.ended or self.dropped or self._finish is not None:
         raise msg.bad(f"session {self.session_id} ended: {self._why()}", None)
@@ -198,6 +253,12 @@ class ClientEnv:
         self._open(item)
       else:
         self._continue(item)
+      if on_text is not None:
+        parse = self._toolbox if request.tool_choice != "none" else None
+        text = msg.TurnText(self.hub.tok.decode, self.hub.stop_ids, parse,
+                            request.stop if self.one_turn else ())
+        item.stream = _Stream(asyncio.get_running_loop(), on_text, text)
+        item.future.add_done_callback(item.stream.end)
       item.future.add_done_callback(self._maybe_gone)
       self._inbox = item
       self._cv.notify_all()
@@ -281,7 +342,7 @@ class ClientEnv:
     stopped = bool(len(ids)) and int(ids[-1]) in stop_ids
     text = action
     if self.one_turn and item.request.stop:   # a one-turn episode may cut its reply
-      cut = min((text.find(s) for s in item.request.stop if s and s in text), default=-1)
+      cut = msg.first_of(text, item.request.stop)
       text, stopped = (text[:cut], True) if cut >= 0 else (text, stopped)
     parse = item.request.tool_choice != "none"
     choice = msg.reply(text, self._toolbox if parse else None, stopped)
@@ -368,6 +429,13 @@ class ClientEnv:
 
   # The engine's scheduler thread (hub.watch).
 
+  def on_decoded(self, ids: np.ndarray) -> None:
+    """Hands a decode chunk's ids of the turn to the request it answers, if it streams."""
+    with self._cv:
+      item = self._pending
+    if item is not None and item.stream is not None:
+      item.stream.push(ids.tolist())
+
   def on_sampled(self, traj: agent_loop.Trajectory) -> None:
     """Records the turn just sampled: its ids and the transcript length before it."""
     u = traj.turn[-1]
@@ -437,7 +505,7 @@ class SessionHub:
     self.session_timeout_s = float(session_timeout_s)
     self.temperature, self.top_p, self.max_new_tokens = temperature, top_p, max_new_tokens
     self.max_turns, self.max_len, self.serving = max_turns, max_len, serving
-    self.record, self.chat_template = record, chat_template
+    self.record, self.chat_template, self.tok = record, chat_template, tok
     self.stop_ids = frozenset({int(t) for t in tok.end_of_turn_ids} | {int(tok.eos_id)})
     self._lock = threading.Lock()
     self._sessions: dict[str, ClientEnv] = {}
@@ -514,9 +582,13 @@ class SessionHub:
 
   # The engine's hooks.
 
-  def watch(self, kind: str, env, traj: agent_loop.Trajectory) -> None:
-    """Engine.run's `watch`: a session's turn token counts and its end."""
+  def watch(self, kind: str, env, traj) -> None:
+    """Engine.run's `watch`: a session's decoded ids ("decoded": `traj` holds the ids), its
+    turn's token counts ("sampled") and its end ("ended")."""
     if not isinstance(env, ClientEnv):
+      return
+    if kind == "decoded":
+      env.on_decoded(traj)
       return
     if kind == "sampled":
       env.on_sampled(traj)
@@ -578,8 +650,10 @@ class SessionHub:
       self.count("serve/ignored_sampling")
     return greedy
 
-  async def chat(self, request: protocol.ChatRequest) -> protocol.Completion:
-    """Answers a chat request through its session (module docstring)."""
+  async def chat(self, request: protocol.ChatRequest,
+                 stream: Callable[[int, str], None] | None = None) -> protocol.Completion:
+    """Answers a chat request through its session; `stream` gets its content pieces (module
+    docstring)."""
     if request.model not in self.model_names:
       raise protocol.APIError(404, f"model {request.model!r} does not exist; this server "
                               f"serves {', '.join(self.model_names)}.", param="model",
@@ -598,7 +672,7 @@ class SessionHub:
         raise msg.bad(f"session {sid} samples with temperature "
                    f"{0 if env.greedy else self.temperature} (set by its first request).",
                    "temperature")
-      futures = [env.submit(request)]
+      futures = [env.submit(request, None if stream is None else functools.partial(stream, 0))]
     elif not self.serving:
       raise self._ended_error(sid, request) or msg.bad(
           f"unknown session {sid!r} ({HEADER}): use an id the rollout gave your agent.", HEADER)
@@ -606,7 +680,7 @@ class SessionHub:
       error = None if sid is None else self._ended_error(sid, request)
       if error is not None:
         raise error
-      futures = self._start(request, sid, greedy)
+      futures = self._start(request, sid, greedy, stream)
     done = await asyncio.gather(*(asyncio.wrap_future(f) for f in futures))
     choices = tuple(dataclasses.replace(c.choices[0], index=i) for i, c in enumerate(done))
     return protocol.Completion(choices=choices, prompt_tokens=done[0].prompt_tokens,
@@ -622,14 +696,16 @@ class SessionHub:
       return None
     return msg.bad(f"session {session_id} ended: {why}", None)
 
-  def _start(self, request: protocol.ChatRequest, sid: str | None,
-             greedy: bool) -> list[concurrent.futures.Future]:
+  def _start(self, request: protocol.ChatRequest, sid: str | None, greedy: bool,
+             stream: Callable[[int, str], None] | None) -> list[concurrent.futures.Future]:
     """Serving: the sessions a request opens (sid None: n one-turn sessions), handed to the
     engine once the request is accepted."""
     n = 1 if sid is not None else request.n
     envs = [ClientEnv(self, sid or f"request-{uuid.uuid4().hex}", one_turn=sid is None,
                       greedy=greedy) for _ in range(n)]
-    futures = [env.submit(request) for env in envs]   # checks the request first
+    texts = [None if stream is None else functools.partial(stream, i) for i in range(n)]
+    futures = [env.submit(request, text)   # checks the request first
+               for env, text in zip(envs, texts)]
     with self._lock:
       if self._closed:
         raise protocol.APIError(503, "the server is shutting down.", type="server_error")
@@ -720,10 +796,11 @@ class EngineBackend:
   def stats(self) -> dict[str, float]:
     return self.hub.stats
 
-  async def chat(self, request: protocol.ChatRequest) -> protocol.Completion:
+  async def chat(self, request: protocol.ChatRequest,
+                 stream: Callable[[int, str], None] | None = None) -> protocol.Completion:
     if self.error is not None:
       raise protocol.APIError(503, f"the engine failed ({type(self.error).__name__}); "
                               "restart the server.", type="server_error")
     if self._thread is None:
       raise protocol.APIError(503, "the backend is not started.", type="server_error")
-    return await self.hub.chat(request)
+    return await self.hub.chat(request, stream)

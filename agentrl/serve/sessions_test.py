@@ -3,7 +3,9 @@
 The protocol side is driven through `await hub.chat(ChatRequest(...))` on an asyncio loop in a
 thread while `Engine.run` runs the sessions' ClientEnvs (a tiny random float32 transformer and
 the hidden-rule task's ChatML tokenizer); tool-call parsing and rendering are checked on a
-ClientEnv driven by a scripted "engine" thread, whose model turns are given texts.
+ClientEnv driven by a scripted "engine" thread, whose model turns are given texts. Streamed
+content is checked piece by piece on both, over HTTP with the real `openai` client when serving,
+and its detokenizer on a SentencePiece and a byte-level BPE tokenizer.
 """
 import asyncio
 import json
@@ -16,15 +18,20 @@ import jax
 import jax.numpy as jnp
 import ml_collections as mlc
 import numpy as np
+import openai
+import tokenizers
+from tokenizers import decoders, models, pre_tokenizers, trainers
 
 from agentrl.envs import tool_calls
 from agentrl.harness import recipe
 from agentrl.models import policy
 from agentrl.models import testing
+from agentrl.models import tokenizer
 from agentrl.models import transformer
 from agentrl.rollout import agent_loop
 from agentrl.rollout import engine as engine_lib
 from agentrl.rollout import pack
+from agentrl.serve import app
 from agentrl.serve import messages
 from agentrl.serve import protocol
 from agentrl.serve import sessions
@@ -57,8 +64,11 @@ def _assistant(completion, i=0):
 
 
 def _sampled(env, text: str, prompt_tokens: int = 7):
-  """What the engine's watch tells a session about a turn whose text is `text` (stopped)."""
+  """What the engine's watch tells a session about a turn whose text is `text` (stopped): its
+  ids two at a time as they are decoded, then the turn."""
   ids = TOK.encode(text) + [STOP]
+  for k in range(0, len(ids), 2):
+    env.hub.watch("decoded", env, np.asarray(ids[k:k + 2], np.int32))
   n = prompt_tokens + len(ids)
   env.hub.watch("sampled", env, agent_loop.Trajectory(
       tokens=np.asarray([0] * prompt_tokens + ids, np.int32),
@@ -96,12 +106,16 @@ class ScriptedSessionTest(absltest.TestCase):
     messages = [{"role": "developer", "content": "Be brief."},
                 {"role": "user", "content": "2+3?"}]
 
+    pieces = ([], [])   # streamed: the call's text must not leak into the content
+
     async def agent():
-      first = await hub.chat(_request(messages, env.session_id, tools=[ADD]))
+      first = await hub.chat(_request(messages, env.session_id, tools=[ADD]),
+                             lambda i, text: pieces[0].append(text))
       messages.append(_assistant(first))
       messages.append({"role": "tool", "tool_call_id": first.choices[0].tool_calls[0]["id"],
                        "content": "5"})
-      second = await hub.chat(_request(messages, env.session_id, tools=[ADD]))
+      second = await hub.chat(_request(messages, env.session_id, tools=[ADD]),
+                              lambda i, text: pieces[1].append(text))
       hub.finish(env.session_id, 1.0)
       return first, second
 
@@ -109,6 +123,7 @@ class ScriptedSessionTest(absltest.TestCase):
     script.join(5)
     choice = first.choices[0]
     self.assertEqual((choice.content, choice.finish_reason), ("Let me add.", "tool_calls"))
+    self.assertEqual(["".join(p) for p in pieces], ["Let me add.", "It is 5."])
     fn = choice.tool_calls[0]["function"]
     self.assertEqual((fn["name"], json.loads(fn["arguments"])), ("add", {"a": 2, "b": 3}))
     self.assertEqual((first.prompt_tokens, first.completion_tokens),
@@ -252,6 +267,57 @@ class ScriptedSessionTest(absltest.TestCase):
       env.submit(_request([{"role": "user", "content": "late"}], env.session_id))
 
 
+class StreamedTextTest(absltest.TestCase):
+
+  def test_streamable_text_never_takes_back(self):
+    calc = tool_calls.Tool("calc", "Evaluates.", {"expression": "string"})
+    call = '<tool_call>{"name": "calc", "arguments": {"expression": "1"}}</tool_call>'
+    cases = [("Let me see.\n" + call + " done", "hermes", ()),
+             (call, "hermes", ()), ("  spaced " + call, "hermes", ()),
+             ("a <b> <tool_call>not json</tool_call> c", "hermes", ()),
+             ("Compute <calc>2+3</calc>", "tags", ()), ("no calls at all", "tags", ()),
+             ("one STOP two", None, ("STOP", "xyz")), ("a <calc>1</calc> END b", "tags", ("END",))]
+    for text, fmt, stop in cases:
+      toolbox = fmt and tool_calls.Toolbox([calc], fmt)
+      cut = messages.first_of(text, stop)
+      content = messages.reply(text[:cut] if cut >= 0 else text, toolbox, True).content or ""
+      streamed = [messages.streamable(text[:k], toolbox, stop) for k in range(len(text) + 1)]
+      for before, after in zip(streamed, streamed[1:]):
+        self.assertTrue(after.startswith(before), (text, before, after))
+      self.assertTrue(content.startswith(streamed[-1]), (text, streamed[-1], content))
+    toolbox = tool_calls.Toolbox([calc], "hermes")
+    self.assertEqual(messages.streamable("Let me see.\n<tool_", toolbox), "Let me see.")
+    self.assertEqual(messages.streamable("x < 2", toolbox), "x < 2")   # "< " starts no tag
+    self.assertEqual(messages.streamable("x <", toolbox), "x")
+    self.assertEqual(messages.streamable("one ST", None, ("STOP",)), "one ")
+
+  def test_turn_text_of_sentencepiece_and_byte_level_tokenizers(self):
+    lines = ["the cat sat on the mat while seven dogs ran past the old red barn"] * 20
+    # SentencePiece's word starts ("\u2581cat") decode with their space, but not the first.
+    sp = tokenizer.train_sentencepiece(lines, 340, add_dummy_prefix=True)
+    bpe = tokenizers.Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    bpe.train_from_iterator(lines, trainers.BpeTrainer(
+        vocab_size=300, special_tokens=["<eos>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    text = "the cat é sat ✓ on 😀 mat"   # characters of 2, 3 and 4 bytes, one token per byte
+    for name, encode, decode, stop_id in (("sentencepiece", sp.encode, sp.decode, sp.eos_id),
+                                          ("byte-level", lambda t: bpe.encode(t).ids,
+                                           bpe.decode, bpe.token_to_id("<eos>"))):
+      ids = encode(text) + [stop_id]
+      for chunk in (1, 2, 3):
+        with self.subTest(name=name, chunk=chunk):
+          turn = messages.TurnText(decode, {stop_id})
+          pieces = [turn.add(ids[k:k + chunk]) for k in range(0, len(ids), chunk)]
+          self.assertEqual("".join(pieces), text)
+          self.assertFalse(any("\ufffd" in p for p in pieces))
+          if chunk == 1:
+            self.assertIn(" cat", pieces)
+            self.assertIn("😀", pieces)   # on the token of its last byte, the others ""
+            self.assertEqual(pieces[pieces.index("😀") - 3:pieces.index("😀")], [""] * 3)
+
+
 class _Loop:
   """An asyncio loop on a thread (the server's), running the agents."""
 
@@ -288,7 +354,7 @@ class EngineSessionsTest(absltest.TestCase):
                               max_turns=RUN["max_turns"], max_new_tokens=RUN["max_new_tokens"])
     envs = hub.open(32)
     ids = [e.session_id for e in envs]
-    errors = {}
+    errors, pieces = {}, []
 
     async def agent(i):
       sid = ids[i]
@@ -302,7 +368,8 @@ class EngineSessionsTest(absltest.TestCase):
           except protocol.APIError as e:
             errors.setdefault(i, []).append(e.message)
       extra = dict(temperature=0.3, seed=1) if i == 5 else {}
-      first = await hub.chat(_request(messages, sid, **extra))
+      stream = (lambda _, text: pieces.append(text)) if i == 7 else None
+      first = await hub.chat(_request(messages, sid, **extra), stream)
       messages += [_assistant(first), {"role": "user", "content": "Again."}]
       if i == 0:
         try:
@@ -353,6 +420,8 @@ class EngineSessionsTest(absltest.TestCase):
     self.assertIn("ended: dropped (no request within session_timeout_s=2.0)", errors[3][0])
     self.assertLen(errors[6], 1)
     self.assertIn("in flight", errors[6][0])
+    # Streamed as decoded: all of the turn's text but an incomplete last character.
+    self.assertEqual("".join(pieces), envs[7].turns[0].text.rstrip("\ufffd"))
     self.assertEqual(hub.stats, {"serve/sessions": 32.0, "serve/dropped": 2.0,
                                  "serve/timeouts": 1.0, "serve/diverged": 1.0,
                                  "serve/ignored_sampling": 1.0})
@@ -422,6 +491,35 @@ class EngineSessionsTest(absltest.TestCase):
     self.assertEqual(backend.stats["serve/sessions"], 4.0)
     self.assertEqual(backend.stats["serve/timeouts"], 1.0)
     self.assertGreater(backend.metrics["rollout/sampled_tokens"], 0)
+
+  def test_streaming_over_http(self):
+    backend = sessions.EngineBackend(ENGINE, PARAMS, TOK, model_name="policy", max_sessions=4,
+                                     session_timeout_s=1.0, max_turns=1, max_new_tokens=24,
+                                     max_len=256)
+    backend.start()
+    self.addCleanup(backend.stop, 10)
+    server = app.Server(app.make_app(backend)).start()
+    self.addCleanup(server.stop)
+    client = openai.OpenAI(base_url=server.url, api_key="unused", max_retries=0)
+    self.addCleanup(client.close)
+    user = [{"role": "user", "content": "Guess a number."}]
+    plain = client.chat.completions.create(model="policy", messages=user, temperature=0)
+    chunks = list(client.chat.completions.create(
+        model="policy", messages=user, temperature=0, n=2, stream=True,
+        stream_options={"include_usage": True}))
+    deltas = {0: [], 1: []}
+    for chunk in chunks:
+      for choice in chunk.choices:
+        if choice.delta.content:
+          deltas[choice.index].append(choice.delta.content)
+    content = plain.choices[0].message.content
+    self.assertEqual(["".join(deltas[i]) for i in (0, 1)], [content, content])
+    self.assertGreater(len(deltas[0]), 3)   # sent as the chunks (4 steps) were decoded
+    self.assertEqual(chunks[-1].usage.completion_tokens, 2 * plain.usage.completion_tokens)
+    with self.assertRaises(openai.BadRequestError) as long:   # found before sampling: HTTP
+      client.chat.completions.create(
+          model="policy", messages=[{"role": "user", "content": "guess " * 300}], stream=True)
+    self.assertEqual(long.exception.code, "context_length_exceeded")
 
 
 if __name__ == "__main__":
