@@ -25,12 +25,14 @@ episodes); `agent_loop.run_per_turn` is the simple per-turn reference it is test
   (stop id or budget) leaves the batch at the next chunk boundary and its env step runs on a
   thread pool (`env_workers` in flight) while the others keep decoding; a slot whose
   observation is ready, or a new episode, joins at the next boundary.
-- **Gathering.** Before a decode chunk, results of env calls still in flight are collected
-  while they keep coming (gaps under `gather_s`), for at most one chunk's time or 4 x
-  `gather_s`, whichever is longer, so that slots whose steps end close together decode in
-  one program rather than several. Env steps answered in-process need the default 2 ms; a
-  server's sessions (agentrl/serve/), whose next requests come back over HTTP some
-  milliseconds apart, pass a wider gap.
+- **Gathering.** A decode chunk costs about the same however few slots it decodes, so before
+  one, results of env calls still in flight are collected while they keep coming: until
+  none came for `gather_s` or 5% of the last chunk's time, whichever is longer, and for at
+  most one chunk's time or 4 x `gather_s`. Slots whose steps end close together then decode
+  in one program rather than several, and a wait costs at most a small part of the chunk
+  it saves. Env steps answered in-process need the default 2 ms; a server's sessions
+  (agentrl/serve/), whose next requests come back over HTTP some milliseconds apart, pass a
+  wider gap.
 - **Timeouts.** An env reset or step that has not answered after `env_timeout_s` ends its
   episode as SafeEnv ends one whose env raised `EnvTimeout`: an error result with the env's
   error_reward, counted in env/env_timeouts. The call's thread is abandoned, never joined.
@@ -74,6 +76,7 @@ from agentrl.rollout import engine_programs as programs
 from agentrl.rollout import env_workers as workers_lib
 from agentrl.rollout import sampler as sampler_lib
 
+_GATHER_FRACTION = 0.05   # of a decode chunk's time: the longest result gap worth waiting over
 GATHER_S = 0.002   # default gather_s: an env result gap after which a decode chunk starts
 _POLL_S = 0.005  # the longest wait for env results while episodes may arrive
 _IDLE_WAIT_S = 0.05   # how long an idle serving run waits for an arrival before looking again
@@ -373,16 +376,15 @@ class _Run:
           workers.submit(workers_lib.Call(i, "step", self.rows[e].env.step, action))
 
   def _collect(self, workers: workers_lib.EnvWorkers) -> None:
-    """Applies finished env calls. With no slot ready to decode, waits for one. Otherwise, as
-    a decode chunk costs the same however few slots are active, it keeps collecting while
-    results keep coming (gaps under gather_s), for at most max(one chunk's time,
-    4 x gather_s)."""
+    """Applies finished env calls. With no slot ready to decode, waits for one. Otherwise it
+    keeps collecting while results keep coming (module doc, "Gathering")."""
     deadline = time.monotonic() + max(self.e.chunk_s, 4 * self.gather_s)
+    gap = max(self.gather_s, _GATHER_FRACTION * self.e.chunk_s)
     while workers.in_flight:
       busy = workers.busy()
       ready = any(s.episode is not None and i not in busy for i, s in enumerate(self.slots))
       # While episodes may arrive, a wait for env results is short, so arrivals are polled.
-      calls = workers.collect(block=True, max_wait_s=self.gather_s if ready else
+      calls = workers.collect(block=True, max_wait_s=gap if ready else
                               _POLL_S if self.polling else None)
       for call in calls:
         self._apply(self.slots[call.slot], call)
