@@ -3,7 +3,8 @@
 
 Where each model turn starts and ends, "context then answer" probe rows (IGPO's gold-answer
 probes, SIOP's reference probes), GiGPO's anchor-state step groups, MAPO's per-turn rewards
-and progress signals, SIOP's answer modes and InfoPO's counterfactual transcripts, and the
+and progress signals, SIOP's answer modes, InfoPO's counterfactual transcripts, a PRM's step
+layout (`prm_steps`, for `rewards.process` labels and `heads.StepHead` scores), and the
 jitted teacher-forced passes that score them (`make_probe_step`, `make_counterfactual_step`);
 rows [i*G, (i+1)*G) are prompt i's trajectories throughout. experiments/agents/agent.py
 composes them.
@@ -21,6 +22,7 @@ from agentrl import types
 from agentrl.credit import gigpo
 from agentrl.credit import infopo
 from agentrl.credit import siop
+from agentrl.rewards import process
 from agentrl.rollout import agent_loop
 
 PROGRESS = "progress"   # the optional info key of an env's per-step progress in [0, 1]
@@ -101,6 +103,27 @@ def turn_signals(trajs, *, max_turns: int) -> dict[str, np.ndarray]:
   return {"env_reward_BU": per_turn([traj.turn_rewards for traj in trajs], max_turns=max_turns),
           "progress_BU": per_turn(progress, max_turns=max_turns),
           "turn_mask_BU": per_turn(turns, max_turns=max_turns)}
+
+
+def prm_steps(trajs, *, max_steps: int, max_len: int | None = None) -> dict[str, np.ndarray]:
+  """Where each row's steps (model turns) end, and what a fork shares with its parent.
+
+  Returns "step_end" int32 [B, U] (last sampled token of each step, a position in the row as
+  `pack` right-pads it), "step_mask" [B, U] (steps that exist, and end before `max_len`, the
+  pack cut, when given), "num_steps" [B], "parent" [B] and "shared" [B] (whole steps shared
+  with the parent; `Trajectory.fork_at` in steps): the inputs of `process.continuation_counts`
+  and `process.sibling_groups`.
+  """
+  ends, masks = zip(*(process.step_ends(t.turn[None], t.loss_mask[None], max_steps=max_steps)
+                      for t in trajs))
+  end_BU, mask_BU = np.concatenate(ends), np.concatenate(masks)
+  if max_len is not None:
+    mask_BU = mask_BU * (end_BU < max_len)
+  parent_B = np.array([t.parent for t in trajs], np.int32)
+  shared_B = np.array([process.shared_steps(end_BU[t.parent], mask_BU[t.parent], t.fork_at)
+                       if t.parent >= 0 else 0 for t in trajs], np.int32)
+  return {"step_end": end_BU, "step_mask": mask_BU, "num_steps": mask_BU.sum(1).astype(np.int32),
+          "parent": parent_B, "shared": shared_B}
 
 
 def siop_references(answers, *, group_size: int, num_refs: int = 3):

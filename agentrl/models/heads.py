@@ -1,11 +1,15 @@
 # pylint: disable=invalid-name
-"""Scalar heads on a decoder: a per-token value (PPO critic) and a sequence reward model.
+"""Scalar heads on a decoder: a per-token value (PPO critic), a sequence reward model and a
+process reward model's per-step score.
 
 Shared backbone: apply a head to the policy's hidden states,
   value_BT = value_head(policy.hidden(tokens_BT, positions_BT, input_mask_BT))
 (wrap the hidden states in `jax.lax.stop_gradient` to keep critic gradients out of the policy).
-Separate backbone: `ValueModel` / `RewardModel` hold their own `transformer.Transformer`
-(e.g. loaded with `hf.load_model` and merged with a fresh head).
+Separate backbone: `ValueModel` / `RewardModel` / `ProcessRewardModel` hold their own
+`transformer.Transformer` (e.g. loaded with `hf.load_model` and merged with a fresh head).
+
+A process reward model (`StepHead`) scores each step at the step's last token (its index from
+`rewards.process.step_ends`), the position whose hidden state has seen the whole step.
 
 The reward of a sequence is read at its last real token (the input mask's last 1), so left-
 and right-padded batches give the same score, as in Ouyang et al. (2022) reward models.
@@ -49,6 +53,23 @@ class RewardHead(nnx.Module):
     return self.score(h_BD[:, None])[:, 0]
 
 
+class StepHead(nnx.Module):
+  """Per-step PRM logits [B, U]: (h · w + b) at each step's last token; 0 on absent steps.
+
+  The logit's sigmoid is the probability that the step is good (losses/process.py trains it
+  with per-step cross-entropy or Bradley-Terry pairs).
+  """
+
+  def __init__(self, width: int, *, param_dtype=jnp.float32, rngs: nnx.Rngs | None = None):
+    self.score = ValueHead(width, param_dtype=param_dtype, rngs=rngs)
+
+  def __call__(self, h_BTD: jax.Array, step_end_BU: jax.Array,
+               step_mask_BU: jax.Array) -> jax.Array:
+    index_BU = jnp.clip(step_end_BU, 0, h_BTD.shape[1] - 1).astype(jnp.int32)
+    h_BUD = jnp.take_along_axis(h_BTD, index_BU[:, :, None], axis=1)
+    return jnp.where(step_mask_BU > 0, self.score(h_BUD), 0.0)
+
+
 class ValueModel(nnx.Module):
   """A critic with its own backbone: tokens -> value_BT."""
 
@@ -72,3 +93,16 @@ class RewardModel(nnx.Module):
       input_mask_BT = jnp.ones(tokens_BT.shape, bool)
     h_BTD = self.backbone.hidden(tokens_BT, positions_BT, input_mask_BT)
     return self.head(h_BTD, input_mask_BT)
+
+
+class ProcessRewardModel(nnx.Module):
+  """A PRM with its own backbone: tokens and step ends -> per-step logits [B, U]."""
+
+  def __init__(self, cfg: transformer.Config, *, rngs: nnx.Rngs):
+    self.backbone = transformer.Transformer(cfg, rngs=rngs)
+    self.head = StepHead(cfg.width, param_dtype=cfg.param_dtype, rngs=rngs)
+
+  def __call__(self, tokens_BT, positions_BT, step_end_BU, step_mask_BU,
+               input_mask_BT=None) -> jax.Array:
+    h_BTD = self.backbone.hidden(tokens_BT, positions_BT, input_mask_BT)
+    return self.head(h_BTD, step_end_BU, step_mask_BU)

@@ -27,6 +27,21 @@ class HeadsTest(absltest.TestCase):
     head.b[...] = jnp.array(0.5)
     np.testing.assert_allclose(head(h_BTD), h_BTD[..., 0] - h_BTD[..., 3] + 0.5)
 
+  def test_step_head_reads_each_step_end_and_only_there(self):
+    head = heads.StepHead(3)
+    head.score.w_D[...] = jnp.array([1.0, -2.0, 0.5])
+    head.score.b[...] = jnp.array(0.25)
+    h_BTD = jax.random.normal(jax.random.key(0), (2, 5, 3))
+    end_BU = jnp.array([[1, 4], [3, 0]])
+    mask_BU = jnp.array([[1, 1], [1, 0]])
+    want = np.asarray(h_BTD) @ np.array([1.0, -2.0, 0.5]) + 0.25
+    np.testing.assert_allclose(head(h_BTD, end_BU, mask_BU),
+                               [[want[0, 1], want[0, 4]], [want[1, 3], 0.0]], rtol=1e-6)
+    # Only the hidden states at labelled step ends get gradient.
+    grad_BTD = jax.grad(lambda h: head(h, end_BU, mask_BU).sum())(h_BTD)
+    touched_BT = np.abs(np.asarray(grad_BTD)).sum(-1) > 0
+    np.testing.assert_array_equal(touched_BT, [[0, 1, 0, 0, 1], [0, 0, 0, 1, 0]])
+
   def test_reward_model_reads_the_last_real_token_left_or_right_padded(self):
     cfg = transformer.Config.named("tiny", vocab=64, depth=1)
     _, backbone = testing.random_params(cfg)
@@ -53,6 +68,16 @@ class HeadsTest(absltest.TestCase):
     out = jax.eval_shape(lambda s: nnx.merge(graphdef, s)(
         jnp.zeros((2, 5), jnp.int32), jnp.zeros((2, 5), jnp.int32)), state)
     self.assertEqual((out.shape, out.dtype), ((2, 5), jnp.float32))
+
+
+  def test_process_reward_model_shapes(self):
+    cfg = transformer.Config.named("tiny", vocab=64, depth=1)
+    graphdef, state = nnx.split(
+        nnx.eval_shape(lambda: heads.ProcessRewardModel(cfg, rngs=nnx.Rngs(0))))
+    tokens_BT = jnp.zeros((2, 5), jnp.int32)
+    out = jax.eval_shape(lambda s: nnx.merge(graphdef, s)(
+        tokens_BT, tokens_BT, jnp.zeros((2, 3), jnp.int32), jnp.ones((2, 3))), state)
+    self.assertEqual((out.shape, out.dtype), ((2, 3), jnp.float32))
 
 
 if __name__ == "__main__":
