@@ -3,7 +3,7 @@
 A checkpoint has two items:
 
   state  any pytree of arrays: the TrainState (params + optimizer state), dual variables,
-         schedule state, and the base RNG key. Typed PRNG keys are stored as their raw
+         schedule state, host-side method state (a replay buffer), and the base RNG key. Typed PRNG keys are stored as their raw
          key data and re-wrapped on restore.
   meta   a JSON-able dict: the data stream's position (`state()` of the prompt source), the
          step, and anything else that is plain Python.

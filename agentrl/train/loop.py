@@ -13,8 +13,10 @@ One step of `run`:
 The loop owns no algorithm: every piece of math is a function the experiment passes in. State
 beyond params and optimizer (a critic, a dual variable, a replay batch) rides in the train
 state pytree, so it is donated, checkpointed and restored with it (experiments/policy/ppo.py,
-experiments/policy/r2vpo.py); a method that needs a different step order writes its own loop and
-reuses the helpers here.
+experiments/policy/r2vpo.py); host-side state that a method's rollout or advantage code keeps
+across steps (an experience-replay buffer, `agentrl.train.replay_buffer`) is a `HostState`
+passed as `host_state`, checkpointed in the same tree. A method that needs a different step
+order writes its own loop and reuses the helpers here.
 
 Exact resume. Step s draws its randomness from `fold_in(rng, s)` and its prompts from the data
 stream, whose position (`state()`) is checkpointed with the train state. A run killed at any
@@ -64,6 +66,20 @@ class DataStream(Protocol):
     ...
 
   def restore(self, state: Mapping[str, Any]) -> None:
+    ...
+
+
+class HostState(Protocol):
+  """Host-side method state (numpy arrays of fixed shapes) checkpointed with the train state.
+
+  `tree()` is the current state (also the restore template: its shapes never change) and
+  `restore(tree)` takes a restored one. `replay_buffer.Holder` is the usual one.
+  """
+
+  def tree(self) -> Any:
+    ...
+
+  def restore(self, tree: Any) -> None:
     ...
 
 
@@ -311,7 +327,8 @@ def run(state, *, rng: jax.Array, total_steps: int, workdir: str,
         rollout_input: Callable[[Any], Any] | None = None, max_staleness: int = 0,
         off_policy: str = "token_tis", off_policy_threshold: float = 2.0,
         trajectories: trajectories_lib.Settings | None = None, replay_batch: str = "",
-        alarms: alarms_lib.Settings | None = None) -> Result:
+        alarms: alarms_lib.Settings | None = None,
+        host_state: HostState | None = None) -> Result:
   """Runs RL steps 1..total_steps from scratch or from the newest checkpoint in workdir/ckpt.
 
   Args:
@@ -360,11 +377,17 @@ def run(state, *, rng: jax.Array, total_steps: int, workdir: str,
       condition holds) and each alarm prints one warning, with the evidence, the first time
       it fires (a resumed run re-reads the earlier records, so it neither repeats nor forgets
       one). None: no alarms.
+    host_state: host-side state the rollout or advantage code updates (a replay buffer),
+      saved and restored with each checkpoint; needs max_staleness = 0 (a rollout made ahead
+      of its step would put a later step's state into the checkpoint).
   """
+  if host_state is not None and max_staleness:
+    raise ValueError(f"host_state needs max_staleness=0 (got {max_staleness}): rollouts made "
+                     "ahead of training would checkpoint a later step's host state.")
   if replay_batch:
     return replay(state, replay_batch, update_fn, rng=rng, epochs=epochs,
                   num_minibatches=num_minibatches, shuffle=shuffle,
-                  sort_by_length=sort_by_length, console=console)
+                  sort_by_length=sort_by_length, console=console, host_state=host_state)
   start = time.perf_counter()
   rec = trajectories if trajectories is not None and trajectories.every > 0 else None
   # The state a record step started from stays while its batch is on disk (replay's start).
@@ -383,7 +406,11 @@ def run(state, *, rng: jax.Array, total_steps: int, workdir: str,
     template = {"state": lora.trainable(state), "rng": rng}
     if k:
       template["pending"] = overlap.pending_template(inputs_of(state), k)
+    if host_state is not None:
+      template["host"] = host_state.tree()
     tree, meta = ckpt.restore(template)
+    if host_state is not None:
+      host_state.restore(jax.tree.map(np.asarray, tree["host"]))
     state, rng, step, evals = (lora.combine(state, tree["state"]), tree["rng"], int(meta["step"]),
                                meta["evals"])
     if data is not None:
@@ -450,6 +477,8 @@ def run(state, *, rng: jax.Array, total_steps: int, workdir: str,
           if k:  # the pending rollouts' params and the stream position after step's rollout
             tree["pending"] = producer.pending_tree(step)
             meta.update(pending=producer.pending_meta(step), data=producer.data_state)
+          if host_state is not None:
+            tree["host"] = host_state.tree()
           with shutdown.deferred():  # an interrupt never leaves a save half-started
             # The step before a record step is a replay's starting state: always saved.
             starts = rec is not None and rec.full_batch and trajectories_lib.is_record_step(
@@ -482,7 +511,7 @@ def parse_replay(spec: str) -> tuple[str, int]:
 
 def replay(state, spec: str, update_fn, *, rng: jax.Array, epochs: int = 1,
            num_minibatches: int = 1, shuffle: bool = True, sort_by_length: bool = False,
-           console: bool = True) -> Result:
+           console: bool = True, host_state: HostState | None = None) -> Result:
   """Reruns step STEP's update of the run in RUN_DIR (`spec` = "RUN_DIR:STEP") without a
   rollout: the train state and rng of its checkpoint of step STEP - 1, the batch it recorded
   at STEP (tokens, log-probs, advantages: `trajectories.read_batch`), the same minibatches.
@@ -492,6 +521,7 @@ def replay(state, spec: str, update_fn, *, rng: jax.Array, epochs: int = 1,
   params and those. Returns a Result whose one record holds the replayed update's means
   (`replay/param_max_abs_diff` too when compared). The update settings are the caller's: keep
   the run's to reproduce it, change the loss to see what another objective would have done.
+  A run that kept a `host_state` is read with the same `host_state` (its tree is the template).
   """
   start = time.perf_counter()
   run_dir, step = parse_replay(spec)
@@ -507,6 +537,8 @@ def replay(state, spec: str, update_fn, *, rng: jax.Array, epochs: int = 1,
   ckpt = checkpoint_lib.Checkpointer(f"{run_dir}/ckpt", save_every=1, keep=None,
                                      async_save=False)
   template = {"state": lora.trainable(state), "rng": rng}
+  if host_state is not None:
+    template["host"] = host_state.tree()
   try:
     tree, _ = ckpt.restore(template, step=step - 1)
     after = ckpt.restore(template, step=step)[0] if step in saved else None

@@ -35,6 +35,7 @@ from agentrl.records import alarms
 from agentrl.records import metrics as metrics_lib
 from agentrl.records import trajectories
 from agentrl.train import loop
+from agentrl.train import replay_buffer
 from agentrl import types
 
 jax.config.update("jax_numpy_rank_promotion", "raise")
@@ -204,6 +205,50 @@ class RunTest(absltest.TestCase):
     self.assertEqual(_reproducible(resumed.records), _reproducible(full.records))
     self.assertEqual(resumed.evals, full.evals)
     np.testing.assert_array_equal(resumed.state.params["logits"], full.state.params["logits"])
+
+
+class _ReplayBandit(_Bandit):
+  """The bandit with a replay buffer its rollout fills and reads (a `loop.HostState`)."""
+
+  def __init__(self):
+    super().__init__()
+    self.holder = replay_buffer.Holder(replay_buffer.empty(6, T, history=8))
+
+  def rollout(self, params, rng, step):
+    out = super().rollout(params, rng, step)
+    b = jax.device_get(out.batch)
+    buf = replay_buffer.add(
+        self.holder.buffer, prompt_B=np.repeat(np.arange(P) + step % 3, G),
+        tokens_BT=b.tokens_BT, input_mask_BT=b.input_mask_BT, loss_mask_BT=b.loss_mask_BT,
+        old_logp_BT=b.sampler_logp_BT, reward_B=b.reward_B, version=step, per_prompt_cap=2)
+    self.holder.buffer = buf
+    picked = replay_buffer.sample(buf, 3, seed=step)
+    return dataclasses.replace(out, metrics={
+        **out.metrics, "replay/size": float(replay_buffer.size(buf)),
+        "replay/baseline": replay_buffer.baseline(buf),
+        "replay/picked": float(picked.sum() + buf.old_logp_CT[picked].sum())})
+
+
+class HostStateTest(absltest.TestCase):
+
+  def test_resume_restores_the_replay_buffer_exactly(self):
+    full = _ReplayBandit()
+    full_result = full.run(_tmpdir(self), total_steps=5, save_every=2,
+                           host_state=full.holder)
+    workdir = _tmpdir(self)
+    first = _ReplayBandit()
+    first.run(workdir, total_steps=3, save_every=2, host_state=first.holder)
+    shutil.rmtree(f"{workdir}/ckpt/3")  # resume from step 2's checkpoint
+    again = _ReplayBandit()
+    resumed = again.run(workdir, total_steps=5, save_every=2, host_state=again.holder)
+    self.assertEqual(_reproducible(resumed.records), _reproducible(full_result.records))
+    for want, got in zip(jax.tree.leaves(full.holder.buffer), jax.tree.leaves(again.holder.buffer)):
+      np.testing.assert_array_equal(got, want)
+
+  def test_host_state_needs_the_synchronous_loop(self):
+    bandit = _ReplayBandit()
+    with self.assertRaisesRegex(ValueError, "host_state needs max_staleness=0"):
+      bandit.run(_tmpdir(self), total_steps=1, host_state=bandit.holder, max_staleness=1)
 
 
 class RecordsAndReplayTest(absltest.TestCase):
