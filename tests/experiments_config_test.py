@@ -177,7 +177,8 @@ class EvalTest(absltest.TestCase):
     evaluation = _module("eval")
     config = evaluation.get_config()
     config.run_dir = "/nonexistent/run"
-    with self.assertRaisesRegex(configs.ConfigError, r"config\.run_dir='/nonexistent/run' has no"):
+    with self.assertRaisesRegex(configs.ConfigError,
+                                r"config\.run_dir='/nonexistent/run' is not a run directory"):
       evaluation.validate(config)
     config = evaluation.get_config()
     config.ks = "1,16"
