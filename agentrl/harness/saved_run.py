@@ -83,14 +83,14 @@ def check_args(run_dir: str, step: str, *, model_path: str = "",
                prefix: str = "config.") -> None:
   """ConfigError unless run_dir holds a run's config.json, step is 'latest', 'warm_start' or a
   step number, and model_path (if given) exists."""
+  configs.require(not model_path or os.path.exists(model_path),
+                  f"{prefix}model_path={model_path!r} does not exist; give an HF model "
+                  "directory (config.json + safetensors) or a .gguf file")
   configs.require(os.path.isfile(os.path.join(run_dir, "config.json")),
                   f"{prefix}run_dir={run_dir!r} is not a run directory (it has no "
                   "config.json); give the --workdir of an experiment's run")
   configs.require(step in ("latest", "warm_start") or step.isdigit(),
                   f"{prefix}step must be 'latest', 'warm_start' or a step number, got {step!r}")
-  configs.require(not model_path or os.path.exists(model_path),
-                  f"{prefix}model_path={model_path!r} does not exist; give an HF model "
-                  "directory (config.json + safetensors) or a .gguf file")
 
 
 def load_run(run_dir: str, step: str = "latest", *, model_path: str = "",
