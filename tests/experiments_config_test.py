@@ -17,7 +17,8 @@ RL_EXPERIMENTS = ("grpo", "dr_grpo", "dapo", "gspo", "ctpo", "holder_po", "rloo"
                   "hapo", "copo", "d3s", "etr", "riskpo", "arm", "fapo", "delta", "ttrl", "empo",
                   "kto", "hapo_length", "brpo", "hbpo", "decs", "eapo", "tppo", "delethink",
                   "g2rl", "mssr", "opd", "ttexplore", "matchtir", "spo_chain", "oprl", "spa_rl",
-                  "tree_rl", "spo_tree", "latr", "r3l", "openai_agent")
+                  "tree_rl", "spo_tree", "latr", "r3l", "openai_agent",
+                  "icpo")
 
 
 def _module(name):
@@ -150,6 +151,28 @@ class SelectionAndShapingExperimentsTest(absltest.TestCase):
     config.loss.w_min = 1.5
     with self.assertRaisesRegex(configs.ConfigError, r"config\.loss\.w_min \(1\.5\) must be <="):
       delta.train(config, "/nonexistent/delta")
+
+  def test_icpo_guide_checks(self):
+    icpo = _module("icpo")
+    self.assertEqual(dict(icpo.get_config().guide), {"num_guided": 1, "shots": 2,
+                                                     "gold": False, "sep": "", "answer_prefix": ""})
+    config = icpo.get_config()
+    config.guide.num_guided = 9
+    with self.assertRaisesRegex(configs.ConfigError,
+                                r"guide\.num_guided=9 exceeds rollout\.group_size=8"):
+      icpo.train(config, "/nonexistent/icpo")
+    config = icpo.get_config()
+    config.guide.shots = 0
+    with self.assertRaisesRegex(configs.ConfigError, r"guide\.shots=0 with guide\.gold=False"):
+      icpo.train(config, "/nonexistent/icpo")
+    config = icpo.get_config()
+    config.updates.max_staleness = 1
+    with self.assertRaisesRegex(configs.ConfigError, r"updates\.max_staleness must be 0"):
+      icpo.train(config, "/nonexistent/icpo")
+    config = icpo.get_config()
+    config.loss.weight = "luffy"
+    with self.assertRaisesRegex(configs.ConfigError, r"config\.loss\.weight"):
+      icpo.train(config, "/nonexistent/icpo")
 
   def test_fapo_flaw_rule(self):
     # Hand-computed: 123 + 456 = 579, written reversed at width 4 as "9750".

@@ -29,7 +29,7 @@ MODULES = ("agentrl.advantages.estimators", "agentrl.losses.aggregation", "agent
            "agentrl.rewards.length_rewards", "agentrl.advantages.efficiency",
            "agentrl.rollout.delethink", "agentrl.losses.selection", "agentrl.losses.trust_region",
            "agentrl.losses.consistency", "agentrl.advantages.shaping", "agentrl.rewards.label_free",
-           "agentrl.advantages.exploration")
+           "agentrl.advantages.exploration", "agentrl.losses.guided")
 # Backticked words in that section that are values or metric keys, not functions.
 NOT_FUNCTIONS = {"k1", "k2", "k3", "abs", "ratio_mean", "ratio_max"}
 
