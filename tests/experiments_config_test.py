@@ -17,7 +17,7 @@ RL_EXPERIMENTS = ("grpo", "dr_grpo", "dapo", "gspo", "ctpo", "holder_po", "rloo"
                   "hapo", "copo", "d3s", "etr", "riskpo", "arm", "fapo", "delta", "ttrl", "empo",
                   "kto", "hapo_length", "brpo", "hbpo", "decs", "eapo", "tppo", "delethink",
                   "g2rl", "mssr", "opd", "ttexplore", "matchtir", "spo_chain", "oprl", "spa_rl",
-                  "tree_rl", "spo_tree", "latr", "r3l", "openai_agent")
+                  "tree_rl", "spo_tree", "latr", "r3l", "openai_agent", "arpo", "spear")
 
 
 def _module(name):
