@@ -26,11 +26,21 @@ ARPO (Lu et al. 2025, arXiv 2505.16282): `arpo_plan` picks, for each group with 
 stored success of its prompt and the row it replaces; `splice` writes those rows into the
 host batch arrays, behaviour log-probs and version included, so the loss's ratio for a
 replayed row is π_θ / π_old(stored). The math and sources: docs/algorithms.md §16.
+
+Into a training batch: `splice_batch` (ARPO: stored rows in place of sampled ones) and
+`append_batch` (SPEAR: stored rows after the sampled ones) write stored rows into a host
+`types.Batch`, their behaviour log-probs in `sampler_logp_BT` and the rows whose π_old the
+score step must keep in `aux["keep_logp_B"]`; `keep_stored_logp` applies that mask to the
+score step's output (`stored_logp_score` wraps a score step with it).
 """
 import hashlib
 
 import flax
+import jax
+import jax.numpy as jnp
 import numpy as np
+
+from agentrl import types
 
 EVICT = ("oldest", "lowest_reward")
 
@@ -244,3 +254,98 @@ def splice(batch: dict[str, np.ndarray], buf: Buffer, slot_P: np.ndarray, row_P:
       out[name][row_P[use]] = x
   replayed_B[row_P[use]] = True
   return out, replayed_B
+
+
+# A stored row's fields in a `types.Batch`: its behaviour log-probs become the batch's sampler
+# log-probs (what `keep_stored_logp` keeps), the rest keep their names.
+_BATCH_FIELDS = {"tokens_BT": "tokens_BT", "input_mask_BT": "input_mask_BT",
+                 "loss_mask_BT": "loss_mask_BT", "old_logp_BT": "sampler_logp_BT",
+                 "reward_B": "reward_B", "version_B": "version_B"}
+
+
+def positions(input_mask_BT: np.ndarray) -> np.ndarray:
+  """Rotary positions of right-padded rows: 0 at the first token, 0 on padding (as `pack`)."""
+  mask = np.asarray(input_mask_BT, bool)
+  return np.where(mask, np.cumsum(mask, axis=1) - 1, 0).astype(np.int32)
+
+
+def splice_batch(batch: types.Batch, buf: Buffer, slot_P: np.ndarray, row_P: np.ndarray, *,
+                 keep_stored_logp: bool = True) -> tuple[types.Batch, np.ndarray]:
+  """ARPO's splice on a host Batch (numpy fields; `version_B` set): (batch, replayed_B).
+
+  The planned stored rows (`arpo_plan`) replace rows of `batch`: tokens, masks, reward,
+  version, positions, and the stored behaviour log-probs in `sampler_logp_BT`; `turn_BT` on
+  a replayed row is 0 on its real tokens (the buffer keeps no turns). With
+  `keep_stored_logp`, `aux["keep_logp_B"]` (float32) marks the replayed rows, whose π_old the
+  score function then keeps (the function `keep_stored_logp`: ratio π_θ / π_old(stored));
+  without it the mask is 0 and every row's π_old is the score step's recompute (the ARPO
+  authors' trainer).
+  """
+  fields = {b: np.asarray(getattr(batch, b)) for b in _BATCH_FIELDS.values()}
+  spliced, replayed_B = splice({k: fields[v] for k, v in _BATCH_FIELDS.items()}, buf,
+                               slot_P, row_P)
+  out = {v: spliced[k] for k, v in _BATCH_FIELDS.items()}
+  turn_BT = np.array(batch.turn_BT)
+  turn_BT[replayed_B] = np.where(out["input_mask_BT"][replayed_B], 0, -1)
+  keep_B = (replayed_B & keep_stored_logp).astype(np.float32)
+  aux = dict(batch.aux or {}, keep_logp_B=keep_B)
+  return batch.replace(**out, positions_BT=positions(out["input_mask_BT"]), turn_BT=turn_BT,
+                       truncated_B=np.where(replayed_B, False, batch.truncated_B),
+                       aux=aux), replayed_B
+
+
+def append_batch(batch: types.Batch, buf: Buffer, slots_S: np.ndarray, rows_R: int,
+                 **aux_R: np.ndarray) -> types.Batch:
+  """SPEAR's replay rows after a host Batch's B rows (numpy; `version_B` set): B + rows_R rows.
+
+  The first len(slots_S) <= rows_R appended rows are the stored rows at `slots_S` (their
+  π_old kept: `aux["keep_logp_B"]` = 1); the rest repeat row 0 with a zero loss mask, so the
+  batch keeps one shape whatever the buffer holds. `aux_R` are per-appended-row arrays [R]
+  (the sampled rows get 0), e.g. the replayed rows' advantages; `aux["replay_B"]` marks the
+  live appended rows.
+  """
+  s = len(slots_S)
+  if s > rows_R:
+    raise ValueError(f"{s} slots do not fit in rows_R={rows_R} appended rows.")
+  stored = rows(buf, np.asarray(slots_S, np.int64))
+  b = batch.tokens_BT.shape[0]
+  pad = np.zeros((rows_R - s,), np.int64)
+
+  def extend(name, tail):
+    head = np.asarray(getattr(batch, name))
+    filler = head[pad]
+    if name == "loss_mask_BT":
+      filler = np.zeros_like(filler)
+    return np.concatenate([head, np.asarray(tail, head.dtype), filler])
+
+  out = {v: extend(v, stored[k]) for k, v in _BATCH_FIELDS.items()}
+  live_R = np.arange(rows_R) < s
+  out["positions_BT"] = extend("positions_BT", positions(stored["input_mask_BT"]))
+  out["turn_BT"] = extend("turn_BT", np.where(stored["input_mask_BT"], 0, -1))
+  out["truncated_B"] = extend("truncated_B", np.zeros((s,), bool))
+  tail = lambda x_R: np.concatenate([np.zeros((b,), np.float32), np.asarray(x_R, np.float32)])
+  aux = {k: np.concatenate([np.asarray(v), np.zeros((rows_R,), np.asarray(v).dtype)])
+         for k, v in (batch.aux or {}).items()}
+  aux.update({k: tail(v) for k, v in aux_R.items()})
+  aux["keep_logp_B"], aux["replay_B"] = tail(live_R), tail(live_R)
+  return batch.replace(**out, aux=aux)
+
+
+def keep_stored_logp(scored: types.Batch) -> types.Batch:
+  """The score step's output with π_old = the stored log-probs on the rows of
+  `aux["keep_logp_B"]` (`splice_batch`, `append_batch`): their ratio is π_θ / π_old(stored),
+  not the recomputed 1. Pure jnp; call it inside the jitted score function."""
+  keep_B1 = jax.lax.stop_gradient(scored.aux["keep_logp_B"])[:, None] > 0
+  return scored.replace(old_logp_BT=jnp.where(keep_B1, scored.sampler_logp_BT,
+                                              scored.old_logp_BT))
+
+
+def stored_logp_score(score_step):
+  """score_fn(params, batch) for `loop.run` from a `loop.make_score_step` without a reference:
+  the learner's π_old for every row, then `keep_stored_logp`. Jit it in the experiment."""
+
+  def score_fn(params, batch: types.Batch):
+    scored, metrics = score_step(params, None, batch)
+    return keep_stored_logp(scored), metrics
+
+  return score_fn

@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from agentrl import checkpoint
+from agentrl import types
 from agentrl.advantages import estimators
 from agentrl.losses import policy as pg
 from agentrl.train import replay_buffer as rb
@@ -166,6 +167,57 @@ class ArpoLossTest(absltest.TestCase):
 
 
 class CheckpointTest(absltest.TestCase):
+
+  def _host_batch(self, b=4):
+    ids = np.arange(b * T, dtype=np.int32).reshape(b, T) + 500
+    mask = np.ones((b, T), bool)
+    mask[:, -1] = False
+    return types.Batch(tokens_BT=ids, positions_BT=rb.positions(mask), input_mask_BT=mask,
+                       loss_mask_BT=mask.astype(np.float32), turn_BT=np.zeros((b, T), np.int32),
+                       reward_B=np.zeros((b,), np.float32),
+                       sampler_logp_BT=np.full((b, T), -9.0, np.float32),
+                       truncated_B=np.ones((b,), bool), version_B=np.full((b,), 5, np.int32))
+
+  def _score(self, batch):
+    """A fake score step: π_old recomputed as -1 everywhere, then the stored ones kept."""
+    batch = jax.tree.map(jnp.asarray, batch)
+    score_step = lambda params, ref, b: (b.replace(old_logp_BT=jnp.full(b.tokens_BT.shape, -1.0)),
+                                         {})
+    return jax.jit(rb.stored_logp_score(score_step))(None, batch)[0]
+
+  def test_splice_batch_keeps_stored_logp_in_score(self):
+    buf = _add(rb.empty(4, T), [7, 8], [1.0, 1.0], version=2)
+    slot_P, row_P = np.array([1, -1]), np.array([1, -1])   # prompt 8's success into row 1
+    batch, replayed_B = rb.splice_batch(self._host_batch(), buf, slot_P, row_P)
+    np.testing.assert_array_equal(replayed_B, [False, True, False, False])
+    np.testing.assert_array_equal(batch.tokens_BT[1], buf.tokens_CT[1])
+    np.testing.assert_array_equal(batch.version_B, [5, 2, 5, 5])
+    np.testing.assert_array_equal(batch.positions_BT[1], [0, 1, 2])
+    self.assertFalse(batch.truncated_B[1])
+    scored = self._score(batch)
+    np.testing.assert_array_equal(scored.old_logp_BT[1], buf.old_logp_CT[1])
+    np.testing.assert_array_equal(np.delete(np.asarray(scored.old_logp_BT), 1, 0), -1.0)
+    # The authors' recompute: every row's π_old is the score step's.
+    batch, _ = rb.splice_batch(self._host_batch(), buf, slot_P, row_P, keep_stored_logp=False)
+    np.testing.assert_array_equal(self._score(batch).old_logp_BT, -1.0)
+    np.testing.assert_array_equal(batch.tokens_BT[1], buf.tokens_CT[1])
+
+  def test_append_batch_pads_and_keeps_stored_logp(self):
+    buf = _add(rb.empty(4, T), [7, 8], [1.0, 0.5], version=3)
+    batch = rb.append_batch(self._host_batch(2), buf, np.array([1]), 3,
+                            adv_B=np.array([0.25, 0.0, 0.0]))
+    self.assertEqual(batch.tokens_BT.shape, (5, T))
+    np.testing.assert_array_equal(batch.tokens_BT[2], buf.tokens_CT[1])
+    np.testing.assert_array_equal(batch.aux["replay_B"], [0, 0, 1, 0, 0])
+    np.testing.assert_array_equal(batch.aux["adv_B"], [0, 0, 0.25, 0, 0])
+    np.testing.assert_array_equal(batch.loss_mask_BT[3:], 0.0)   # padding trains nothing
+    np.testing.assert_array_equal(batch.reward_B, [0, 0, 0.5, 0, 0])
+    np.testing.assert_array_equal(batch.version_B, [5, 5, 3, 5, 5])
+    scored = self._score(batch)
+    np.testing.assert_array_equal(scored.old_logp_BT[2], buf.old_logp_CT[1])
+    np.testing.assert_array_equal(np.delete(np.asarray(scored.old_logp_BT), 2, 0), -1.0)
+    with self.assertRaisesRegex(ValueError, "do not fit"):
+      rb.append_batch(self._host_batch(2), buf, np.array([0, 1]), 1)
 
   def test_round_trip_is_bit_exact(self):
     buf = _add(rb.empty(4, T, history=5), [7, 7, 8], [1.0, 0.25, -1.5], version=3)
