@@ -18,7 +18,7 @@ RL_EXPERIMENTS = ("grpo", "dr_grpo", "dapo", "gspo", "ctpo", "holder_po", "rloo"
                   "kto", "hapo_length", "brpo", "hbpo", "decs", "eapo", "tppo", "delethink",
                   "g2rl", "mssr", "opd", "ttexplore", "matchtir", "spo_chain", "oprl", "spa_rl",
                   "tree_rl", "spo_tree", "latr", "r3l", "openai_agent",
-                  "icpo", "arpo", "spear")
+                  "icpo", "arpo", "spear", "prm_rl")
 
 
 def _module(name):
@@ -122,6 +122,44 @@ class BadValueTest(parameterized.TestCase):
     config.task.name = "reasoning_gym"
     with self.assertRaisesRegex(configs.ConfigError, r"config\.model\.init='scratch'"):
       rl_config.validate(config, grpo.SCHEMA)
+
+
+class PrmConfigTest(absltest.TestCase):
+  """experiments/preference/prm.py: a PRM trainer, not an RL loop, so not in RL_EXPERIMENTS."""
+
+  def test_presets_validate_and_set_only_schema_keys(self):
+    prm = _module("prm")
+    for arg in (None, "smoke", "pod"):
+      config = prm.get_config(arg)
+      if arg == "pod":
+        config.model.path = "/ckpt/Qwen3-8B"
+      rl_config.validate(config, prm.SCHEMA)
+      leaves = {path for path, _ in configs.leaves(config)}
+      self.assertEqual({p for p in leaves
+                        if not any(p == k or p.startswith(k + ".") for k in prm.SCHEMA)}, set())
+    with self.assertRaisesRegex(configs.ConfigError, "unknown prm preset 'smollm2'"):
+      prm.get_config("smollm2")
+
+  def test_bad_keys_fail_before_anything_is_built(self):
+    prm = _module("prm")
+    config = prm.get_config()
+    config.prm.labels = "fuzzy"
+    with self.assertRaisesRegex(configs.ConfigError, r"config\.prm\.labels must be one of"):
+      prm.train(config, "/nonexistent/prm")
+    config = prm.get_config()
+    config.lora.rank = 8
+    with self.assertRaisesRegex(configs.ConfigError, r"config\.lora\.rank \(8\) must be 0"):
+      prm.train(config, "/nonexistent/prm")
+
+  def test_prm_rl_needs_a_prm_run(self):
+    prm_rl = _module("prm_rl")
+    config = prm_rl.get_config()
+    with self.assertRaisesRegex(configs.ConfigError, r"config\.reward\.prm is empty"):
+      prm_rl.train(config, "/nonexistent/prm_rl")
+    config.reward.prm = "/nonexistent/prm"
+    with self.assertRaisesRegex(configs.ConfigError,
+                                r"config\.reward\.prm='/nonexistent/prm' has no prm/"):
+      prm_rl.train(config, "/nonexistent/prm_rl")
 
 
 class SelectionAndShapingExperimentsTest(absltest.TestCase):

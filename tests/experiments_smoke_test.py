@@ -54,7 +54,7 @@ RL_EXPERIMENTS = ("grpo", "dr_grpo", "dapo", "gspo", "ctpo", "holder_po", "rloo"
                   "kto", "hapo_length", "brpo", "hbpo", "decs", "eapo", "tppo", "delethink",
                   "g2rl", "mssr", "opd", "ttexplore", "matchtir", "spo_chain", "oprl", "spa_rl",
                   "tree_rl", "spo_tree", "latr", "r3l", "openai_agent",
-                  "icpo", "arpo", "spear")
+                  "icpo", "arpo", "spear", "prm_rl")
 
 
 def documented_metrics() -> tuple[dict[str, set[str]], tuple[str, ...], set[str]]:
@@ -122,6 +122,16 @@ def _grpo_smoke_run(seed: int) -> str:
   return workdir
 
 
+@functools.cache
+def _prm_smoke_run() -> str:
+  """A finished experiments.preference.prm smoke run's workdir (its PRM), removed at exit."""
+  root = tempfile.mkdtemp()
+  atexit.register(shutil.rmtree, root, ignore_errors=True)
+  prm = importlib.import_module("experiments.preference.prm")
+  prm.train(prm.get_config("smoke"), root)
+  return root
+
+
 def _fake_wandb():
   """A stand-in `wandb` module that records init kwargs and logged steps (W&B is optional)."""
   calls = {"init": [], "log": [], "finish": 0}
@@ -151,6 +161,8 @@ class SmokeTest(parameterized.TestCase):
     config.log.wandb_project = "agentrl-smoke"
     if name == "opd":  # the student distils a finished GRPO smoke run
       config.teacher.run_dir = _grpo_smoke_run(0)
+    if name == "prm_rl":  # its PRM is a finished PRM smoke run's
+      config.reward.prm = _prm_smoke_run()
     wandb, calls = _fake_wandb()
     # Only the "wandb" entry is swapped: mock.patch.dict(sys.modules) would also drop every
     # module first imported during the run, and protobuf cannot register those twice.
@@ -283,6 +295,25 @@ class SmokeTest(parameterized.TestCase):
     summary = sft.train(sft.get_config("smoke"), workdir)
     self.assertEqual(summary["steps"], 2)
     self.assertTrue(os.listdir(os.path.join(workdir, "ckpt")))
+
+  def test_prm_smoke_preset(self):
+    # Not an RL loop: MC-labelled steps, the PRM's steps, then its held-out figures.
+    prm = importlib.import_module("experiments.preference.prm")
+    workdir, config = _prm_smoke_run(), prm.get_config("smoke")   # prm_rl's PRM too
+    with open(os.path.join(workdir, "summary.json")) as f:
+      summary = json.load(f)
+    for key in ("held_out_step_accuracy", "held_out_auc", "held_out_base_rate", "train_loss"):
+      self.assertBetween(summary[key], 0.0, 1.0 if key != "train_loss" else 10.0, key)
+    self.assertGreater(summary["eval_labelled_steps"], 0)
+    records = metrics.read_jsonl(os.path.join(workdir, metrics.JSONL))
+    self.assertEqual([r["step"] for r in records], list(range(config.prm.steps + 1)))
+    exact, _, _ = documented_metrics()
+    logged = {k for r in records for k in r if k != "step"}
+    claimed = {k for k, experiments in exact.items() if "prm" in experiments}
+    self.assertEqual(sorted(logged), sorted(claimed), "docs/metrics.md's prm rows")
+    ckpt = checkpoint.Checkpointer(os.path.join(workdir, "prm"), save_every=1, keep=1)
+    self.assertEqual(ckpt.latest_step(), config.prm.steps)
+    ckpt.close()
 
   def test_grpo_with_lora_saves_adapters_and_exports_merged(self):
     # The adapters' math (step 0 = base, merged = adapter forward, frozen base, resume) is

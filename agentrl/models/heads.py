@@ -9,7 +9,9 @@ Separate backbone: `ValueModel` / `RewardModel` / `ProcessRewardModel` hold thei
 `transformer.Transformer` (e.g. loaded with `hf.load_model` and merged with a fresh head).
 
 A process reward model (`StepHead`) scores each step at the step's last token (its index from
-`rewards.process.step_ends`), the position whose hidden state has seen the whole step.
+`rewards.process.step_ends`), the position whose hidden state has seen the whole step; one
+warm-started from a policy is that policy's graph and params plus a step head
+(`policy_step_head`, `policy_prm_logits`), so any decoder the policy loads serves.
 
 The reward of a sequence is read at its last real token (the input mask's last 1), so left-
 and right-padded batches give the same score, as in Ouyang et al. (2022) reward models.
@@ -106,3 +108,28 @@ class ProcessRewardModel(nnx.Module):
                input_mask_BT=None) -> jax.Array:
     h_BTD = self.backbone.hidden(tokens_BT, positions_BT, input_mask_BT)
     return self.head(h_BTD, step_end_BU, step_mask_BU)
+
+
+def policy_step_head(graphdef: nnx.GraphDef, params: nnx.State, *, seed: int = 0):
+  """(graphdef, params) of a fresh `StepHead` sized to a policy's hidden width.
+
+  With the policy's params as the backbone, {"backbone": params, "head": head params} is a
+  PRM warm-started from the policy (`policy_prm_logits`); the width is read from an abstract
+  forward, so any decoder the policy graph describes works.
+  """
+  token_BT = jnp.zeros((1, 1), jnp.int32)
+  width = jax.eval_shape(lambda p: nnx.merge(graphdef, p).hidden(token_BT, token_BT),
+                         params).shape[-1]
+  return nnx.split(StepHead(width, rngs=nnx.Rngs(seed)))
+
+
+def policy_prm_logits(graphdef: nnx.GraphDef, head_graphdef: nnx.GraphDef):
+  """logits(params, tokens_BT, positions_BT, input_mask_BT, step_end_BU, step_mask_BU) -> [B, U]
+  of a PRM whose params are {"backbone": policy params, "head": `policy_step_head` params}."""
+
+  def logits(params, tokens_BT, positions_BT, input_mask_BT, step_end_BU, step_mask_BU):
+    h_BTD = nnx.merge(graphdef, params["backbone"]).hidden(tokens_BT, positions_BT,
+                                                           input_mask_BT)
+    return nnx.merge(head_graphdef, params["head"])(h_BTD, step_end_BU, step_mask_BU)
+
+  return logits

@@ -79,6 +79,25 @@ class HeadsTest(absltest.TestCase):
         tokens_BT, tokens_BT, jnp.zeros((2, 3), jnp.int32), jnp.ones((2, 3))), state)
     self.assertEqual((out.shape, out.dtype), ((2, 3), jnp.float32))
 
+  def test_policy_prm_is_the_policy_backbone_and_a_step_head(self):
+    cfg = transformer.Config.named("tiny", vocab=64, depth=1)
+    graphdef, params = nnx.split(transformer.Transformer(cfg, rngs=nnx.Rngs(0)))
+    head_graphdef, head_params = heads.policy_step_head(graphdef, params, seed=1)
+    # The head starts at zero: give it weights so the test sees which hidden state it reads.
+    head_params = jax.tree.map(lambda x: x + jnp.linspace(0.1, 1.0, x.size).reshape(x.shape),
+                               head_params)
+    logits = heads.policy_prm_logits(graphdef, head_graphdef)
+    tokens_BT = jnp.arange(10, dtype=jnp.int32).reshape(2, 5)
+    positions_BT = jnp.broadcast_to(jnp.arange(5), (2, 5))
+    end_BU, mask_BU = jnp.array([[1, 4], [2, 0]]), jnp.array([[1.0, 1.0], [1.0, 0.0]])
+    got = logits({"backbone": params, "head": head_params}, tokens_BT, positions_BT,
+                 jnp.ones((2, 5), bool), end_BU, mask_BU)
+    h_BTD = nnx.merge(graphdef, params).hidden(tokens_BT, positions_BT, jnp.ones((2, 5), bool))
+    want = nnx.merge(head_graphdef, head_params)(h_BTD, end_BU, mask_BU)
+    np.testing.assert_array_equal(got, want)
+    self.assertNotEqual(float(got[0, 0]), float(got[0, 1]))
+    self.assertEqual(float(got[1, 1]), 0.0)   # an absent step scores 0
+
 
 if __name__ == "__main__":
   absltest.main()
