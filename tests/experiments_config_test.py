@@ -72,6 +72,25 @@ class PresetTest(parameterized.TestCase):
     with self.assertRaisesRegex(configs.ConfigError, r"unknown config arg 'smok'"):
       grpo.get_config("preset=cpu,smok")
 
+  def test_openai_agent_calculator_preset_is_the_agent_smollm2_run(self):
+    # The example program's preset trains agent.py's smollm2 task at its scale, so the two
+    # runs compare step for step; only the program and the server's tool format are its own.
+    oa, agent = _module("openai_agent"), _module("agent")
+    config, smollm2 = oa.get_config("calculator"), agent.get_config("smollm2")
+    for key in ("model", "task", "lora", "optim", "rollout", "updates", "eval", "total_steps"):
+      self.assertEqual(config[key], smollm2[key], key)
+    self.assertEqual((config.agent.module, config.agent.tool_format, config.loss.agg),
+                     ("agentrl.serve.calculator_agent", "tags", smollm2.loss.agg))
+    for arg in ("calculator", "preset=calculator,smoke"):
+      config = oa.get_config(arg)
+      rl_config.validate(config, oa.SCHEMA)
+      unread = [p for p, _ in configs.leaves(config)
+                if not any(p == k or p.startswith(k + ".") for k in oa.SCHEMA)]
+      self.assertEqual(unread, [], arg)
+    with self.assertRaisesRegex(configs.ConfigError, "unknown openai_agent preset 'smollm2'; "
+                                "use cpu \\(default\\), calculator"):
+      oa.get_config("smollm2")
+
 
 class BadValueTest(parameterized.TestCase):
 

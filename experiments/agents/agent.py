@@ -148,24 +148,13 @@ def get_config(arg: str | None = None) -> mlc.ConfigDict:
     c.loss.credit = "grpo"
   c.eval.update(num_problems=300, every=25)
   if arg.preset == "smollm2":
-    # SmolLM2-135M-Instruct learns to use a calculator over several turns, on this CPU: LoRA
-    # adapters (the GRPO smollm2 preset's), 3-operator expressions of 3-digit numbers it cannot
-    # compute in one turn, one demonstrated episode before the task (task.few_shot: told the
-    # format alone, it writes no call at all) and outcome GRPO (docs/usage.md §6: the survey
-    # and the measured run). pi_old comes from the rollout's own float32 log-probs, which
-    # equal the learner's: no scoring pass. 4 minibatches of 8 episodes keep the update's
-    # activations (30 layers x ~260 tokens a row) within a laptop's memory.
-    c.task.update(name="calculator", num_ops=3, max_operand=999, max_turns=3, few_shot=1,
-                  tool_format="tags", chat_template=True)
-    c.lora.update(rank=16, alpha=32.0)
-    c.optim.lr = 5e-4
+    # SmolLM2-135M-Instruct learns to use a calculator over several turns, on this CPU
+    # (rl_config.smollm2_calculator_study; docs/usage.md §6: the survey and the measured run)
+    # with outcome GRPO. pi_old comes from the rollout's own float32 log-probs, which equal
+    # the learner's: no scoring pass.
+    rl_config.smollm2_calculator_study(c, names=registry.NAMES)
     c.loss.update(credit="grpo", agg="token-mean")
-    c.total_steps = 5
-    c.rollout.update(prompts_per_step=8, group_size=4, max_new_tokens=48, max_len=320,
-                     slots=64, old_logp="sampler")
-    c.updates.minibatches = 4
-    c.eval.update(num_problems=64, every=5)
-    c.log.save_every = 5
+    c.rollout.old_logp = "sampler"
   elif arg.preset == "pod":  # Qwen3-8B on fsdp=8 (rl_config.rl_config); set model.path.
     c.task.update(family="mixed", max_turns=8, style="full", chat_template=True)
     c.loss.agg = "token-mean"

@@ -3,6 +3,7 @@ r"""Train an agent program written against the OpenAI chat API, unchanged.
 
   python -m experiments.agents.openai_agent --workdir=runs/openai_agent      # cpu: minutes
   python -m experiments.agents.openai_agent --config.agent.module=my_pkg.my_agent
+  python -m experiments.agents.openai_agent --config=experiments/agents/openai_agent.py:calculator
   python -m experiments.agents.openai_agent --config=experiments/agents/openai_agent.py:pod \
       --config.model.path=/ckpt/Qwen3-8B --workdir=gs://bucket/openai_agent    # accelerators
 
@@ -25,7 +26,11 @@ the task's environment through chat messages (the hidden-rule game of experiment
 can be compared with `experiments.agents.agent --config.loss.credit=grpo` step for step.
 
 Presets (`rl_config.agent_study`): `cpu` (default; tiny scratch model, the hidden-rule game),
-`textworld` (the long-horizon coin collector), `pod` (agent.py's pod scale), with `smoke`.
+`textworld` (the long-horizon coin collector), `pod` (agent.py's pod scale), with `smoke`; and
+`calculator`: the example program `agentrl.serve.calculator_agent` (a tool loop with
+`tools=[...]` and `tool_calls`, on the openai client alone) trains SmolLM2-135M-Instruct's LoRA
+adapters on agent.py's `smollm2` task at its scale (rl_config.smollm2_calculator_study;
+docs/usage.md §9 has the measured run).
 """
 import dataclasses
 
@@ -61,7 +66,15 @@ MODEL_NAME = "policy"
 
 def get_config(arg: str | None = None) -> mlc.ConfigDict:
   arg = configs.parse_arg(arg, preset="cpu", smoke=False)
-  c = rl_config.agent_study(arg, experiment="openai_agent", names=registry.NAMES)
+  if arg.preset not in (*rl_config.AGENT_STUDY_PRESETS, "calculator"):
+    raise configs.ConfigError(f"unknown openai_agent preset {arg.preset!r}; use cpu (default), "
+                              "calculator, textworld, pod or smoke")
+  if arg.preset == "calculator":
+    c = rl_config.rl_config("smollm2", smoke=arg.smoke)
+    rl_config.smollm2_calculator_study(c, names=registry.NAMES, smoke=arg.smoke)
+    c.sft.demo_noise = 0.0   # read by the smoke run's SFT warm start only
+  else:
+    c = rl_config.agent_study(arg, experiment="openai_agent", names=registry.NAMES)
   c.loss = dict(eps_low=0.2, eps_high=0.2, agg="seq-mean-token-mean")
   # module: the agent program (programs.load_program); session_timeout_s: how long a session
   # waits for its program's next request; success_reward: an episode whose reward reaches it
@@ -71,6 +84,19 @@ def get_config(arg: str | None = None) -> mlc.ConfigDict:
   # up with the programs' `openai` clients).
   c.agent = dict(module="agentrl.serve.env_agent", session_timeout_s=120.0, processes=1,
                  success_reward=1.0, tool_format="hermes", api_key="")
+  # old_logp: pi_old from a learner forward ("learner", which logs logp_mismatch: the server's
+  # log-probs against the learner's) or the sampler's own ("sampler", loop.sampler_score: no
+  # scoring pass; float32 only).
+  c.rollout.old_logp = "learner"
+  if arg.preset == "calculator":
+    # The example program (agentrl/serve/calculator_agent.py: `tools=[calc]`, one
+    # demonstrated episode as messages) on agent.py's `smollm2` task and scale, as there with
+    # GRPO, token-mean and pi_old from the sampler. Tags: the format SmolLM2 was shown to copy
+    # (<calc>2+3</calc>); a hermes call of the same expression is 2.5x as long in a 48-token
+    # turn, and its system prompt, with the tool's JSON schema, 4x (every row carries it).
+    c.agent.update(module="agentrl.serve.calculator_agent", tool_format="tags")
+    c.loss.agg = "token-mean"
+    c.rollout.old_logp = "sampler"
   return c
 
 
@@ -81,6 +107,7 @@ SCHEMA = {
     "loss.eps_low": configs.Key(float, min=0.0, max=1.0),
     "loss.eps_high": configs.Key(float, min=0.0),
     "loss.agg": configs.Key(str, choices=tuple(m for m in aggregation.MODES if m != "seq-mean")),
+    "rollout.old_logp": configs.Key(str, choices=("learner", "sampler")),
     "agent.module": configs.Key(str),
     "agent.session_timeout_s": configs.Key(float, min=1.0),
     "agent.success_reward": configs.Key(float),
@@ -217,7 +244,8 @@ def train(config: mlc.ConfigDict, workdir: str) -> dict:
         state, rng=jax.random.key(config.seed), total_steps=config.total_steps, workdir=workdir,
         rollout_fn=make_rollout_fn(config, engine, tok, hub, server, runner, program, data,
                                    mesh),
-        score_fn=lambda params, batch: score_step(params, None, batch),
+        score_fn=(loop.sampler_score if rc.old_logp == "sampler"
+                  else lambda params, batch: score_step(params, None, batch)),
         advantage_fn=jax.jit(make_advantage_fn(config)), update_fn=update_step, data=data,
         evaluate=make_evaluator(config, engine, tok, hub, runner, program),
         **recipe.loop_options(config))
