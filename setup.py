@@ -26,9 +26,10 @@ HF = ["safetensors", "gguf", "tokenizers", "sentencepiece", "jinja2"]
 # an op at import time, which env worker processes must not do.
 ENVS = ["reasoning-gym", "math-verify", "textworld[pddl]", "alfworld", "tensorflow-datasets",
         "importlib_resources", "rank-bm25"]
-# The OpenAI-compatible server (agentrl.serve): Starlette on uvicorn. openai is the client the
+# The OpenAI-compatible server (agentrl.serve): Starlette on uvicorn, which parses HTTP with
+# httptools when it is installed (its pure-Python h11 otherwise). openai is the client the
 # example agents and the tests use.
-SERVE = ["starlette", "uvicorn", "openai"]
+SERVE = ["starlette", "uvicorn", "httptools", "openai"]
 # playwright drives the system Chromium in the viewer's browser test (no browser download).
 TEST = ["pytest", "pytest-xdist", "playwright", "httpx"] + HF + ENVS + SERVE
 # libtpu for scripts/plan_pod.py: compiles for TPU topologies with no TPU attached. Not in TEST:
