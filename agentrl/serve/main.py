@@ -7,7 +7,7 @@ r"""Serve a finished run's policy over the OpenAI chat API: `python -m agentrl.s
 Any experiment's run and any model, the scratch tiny models included: the run is read as
 experiments.eval reads it (agentrl/harness/saved_run.py: config.json and one checkpoint's
 policy params, read-only, a LoRA policy merged), and served by the OpenAI-compatible server
-(agentrl/serve/app.py) over an `EngineBackend` (agentrl/serve/sessions.py): one engine run that
+(agentrl/serve/app.py) over an `EngineBackend` (agentrl/serve/serving.py): one engine run that
 sessions join as their requests come. It prints one line,
 
   serving runs/grpo step 150 as model 'grpo' at http://127.0.0.1:8000/v1 (...)
@@ -59,7 +59,7 @@ from agentrl.harness import cli
 from agentrl.harness import saved_run
 from agentrl.rollout import engine as engine_lib
 from agentrl.serve import app as app_lib
-from agentrl.serve import sessions
+from agentrl.serve import serving
 
 API_KEY_ENV = "AGENTRL_API_KEY"
 
@@ -129,7 +129,7 @@ class Serving:
   step: str
   settings: Settings
   server: app_lib.Server
-  backend: sessions.EngineBackend
+  backend: serving.EngineBackend
   token: bool   # whether requests must send the bearer token
 
   def stop(self, timeout_s: float = 30.0) -> None:
@@ -160,7 +160,7 @@ def serve(run_dir: str, *, step: str = "latest", host: str = "127.0.0.1", port: 
   # session_timeout_s ends it (sessions.check_engine).
   engine = engine_lib.Engine(run.graphdef, pad_id=run.tok.pad_id, slots=s.slots,
                              env_workers=s.max_sessions, env_timeout_s=None)
-  backend = sessions.EngineBackend(
+  backend = serving.EngineBackend(
       engine, run.params, run.tok, model_name=s.model_name, max_turns=s.max_turns,
       max_new_tokens=s.max_new_tokens, max_len=s.max_len, tool_format=s.tool_format,
       temperature=s.temperature, max_sessions=s.max_sessions,

@@ -34,6 +34,7 @@ from agentrl.rollout import pack
 from agentrl.serve import app
 from agentrl.serve import messages
 from agentrl.serve import protocol
+from agentrl.serve import serving
 from agentrl.serve import sessions
 
 TOK = recipe.task_tokenizer(mlc.ConfigDict(dict(name="hidden_rule", family="mixed",
@@ -449,7 +450,7 @@ class EngineSessionsTest(absltest.TestCase):
 
   def test_serving_sessions_arrive_mid_run(self):
     recorded = {}
-    backend = sessions.EngineBackend(
+    backend = serving.EngineBackend(
         ENGINE, PARAMS, TOK, model_name="policy", max_sessions=32, session_timeout_s=1.0,
         record=lambda sid, traj: recorded.setdefault(sid, traj), **RUN)
     backend.start()
@@ -493,7 +494,7 @@ class EngineSessionsTest(absltest.TestCase):
     self.assertGreater(backend.metrics["rollout/sampled_tokens"], 0)
 
   def test_streaming_over_http(self):
-    backend = sessions.EngineBackend(ENGINE, PARAMS, TOK, model_name="policy", max_sessions=4,
+    backend = serving.EngineBackend(ENGINE, PARAMS, TOK, model_name="policy", max_sessions=4,
                                      session_timeout_s=1.0, max_turns=1, max_new_tokens=24,
                                      max_len=256)
     backend.start()
