@@ -5,6 +5,7 @@ r"""Credit-assignment study: outcome-only GRPO vs turn-level credit on multi-tur
   python scripts/credit_study.py --out=/tmp/cs --methods=grpo --seeds=1 --steps=4
   python scripts/credit_study.py --task=tool_use --out=runs/tool_study --steps=75
   python scripts/make_game_pool.py && python scripts/credit_study.py --task=textworld
+  python scripts/credit_study.py --task=replay --steps=40 --eval_every=10 --eval_problems=200
 
 --task=hidden_rule (default): every run is `python -m experiments.agents.agent` with its `cpu`
 preset (the number-guessing hidden-rule game, 7 turns, a tiny model warm-started by SFT on
@@ -78,6 +79,19 @@ sequences), r3l (R3L-style retries from the first failing turn). A branch sample
 its fork, so the methods are compared at an equal budget of sampled tokens: curves over
 cumulative `rollout/sampled_tokens`, and success and AUC at the smallest total any run reached.
 
+--task=replay (the hidden-rule game, the `cpu` presets, outcome reward only, as
+--task=hidden_rule) and --task=replay_textworld (the `textworld` presets): experience replay at
+an equal rollout budget (every method samples the same prompts x samples per step; replayed
+rows are stored ones, not new samples):
+
+  grpo         agent.py, the outcome's group z-score (no replay);
+  arpo         ARPO (`experiments.agents.arpo`): a stored success replaces a row of a group that
+               sampled none, with its stored log-probs as pi_old; training tasks drawn from a
+               pool of 256 so that a task's successes can come back;
+  spear        SPEAR (`experiments.agents.spear`): self-imitation of replayed successes with
+               the recalibrated advantage and Clip-Cov, the coefficient ramped over 10 updates
+               (its preset's 50 would leave it below full strength for a whole 40-step run).
+
 Equal budgets: the same RL steps, prompts and samples per step (so the same env steps), the
 same held-out evaluation, and one shared SFT warm start (the first run trains it, the others get
 a copy), so methods differ only in credit and seeds only in the RL runs' randomness. Resumable:
@@ -127,6 +141,14 @@ def _agent(*overrides: str) -> tuple[str, list[str]]:
   return "agent", list(overrides)
 
 
+# SPEAR's self-imitation coefficient ramps over spear.warmup_steps (50 by default, longer than a
+# 40-step study run): 10 here, so that its replayed rows weigh in for most of the run.
+_REPLAY = {
+    "grpo": _agent("--config.loss.credit=grpo"),
+    "arpo": ("arpo", []),
+    "spear": ("spear", ["--config.spear.warmup_steps=10"]),
+}
+
 TASKS = {
     "hidden_rule": Task({
         "grpo": _agent("--config.loss.credit=grpo"),
@@ -163,6 +185,10 @@ TASKS = {
     }, ["--config.task.closeness_reward=0", "--config.sft.eval_every=10"],
         "hidden-rule game: branching vs independent samples", "runs/branching_study",
         by_tokens=True),
+    "replay": Task(_REPLAY, ["--config.task.closeness_reward=0", "--config.sft.eval_every=10"],
+                   "hidden-rule game: experience replay", "runs/replay_study"),
+    "replay_textworld": Task(_REPLAY, [], "TextWorld coin collector: experience replay",
+                             "runs/replay_textworld_study", preset="textworld"),
 }
 
 _TASK = flags.DEFINE_enum("task", "hidden_rule", list(TASKS), "The multi-turn task.")

@@ -53,7 +53,8 @@ class CreditStudyTest(absltest.TestCase):
 
   def test_every_method_override_validates(self):
     tasks = _load_script().TASKS
-    self.assertEqual(set(tasks), {"hidden_rule", "tool_use", "textworld", "branching"})
+    self.assertEqual(set(tasks), {"hidden_rule", "tool_use", "textworld", "branching", "replay",
+                                 "replay_textworld"})
     for name, task in tasks.items():
       self.assertIn("grpo", task.methods, name)   # every task has the outcome-only baseline
       for method, (experiment, method_flags) in task.methods.items():
