@@ -18,6 +18,29 @@ every training seed), with as many turns as the run's task allows:
                    pass@k = 1 - C(n - c, k) / C(n, k) averaged over problems (Chen et al. 2021,
                    "Evaluating Large Language Models Trained on Code", eq. 1), c = # correct.
 
+PRM verification: `--config.prm=DIR` (the --workdir of an experiments.preference.prm run on the
+run's model and task; another model or tokenizer, or a DIR without prm/, is an error naming
+both) scores every model turn of the n samples with that PRM (agentrl/harness/saved_prm.py),
+aggregates a sample's turn scores into its solution score (`--config.prm_agg`: min, the
+Math-Shepherd verifier's and the default; prod; last) and adds, for each k in ks, over each
+problem's first k samples (docs/algorithms.md §15.5):
+
+  prm_best@k       success of the highest-scored sample (ties: the earliest);
+  prm_vote@k       PRM-weighted majority vote: argmax_a sum_i [a_i = a] score_i (`weighted_vote`);
+  majority@k       the plain majority vote (self-consistency), for scale.
+
+A vote is correct when a sample that gave the voted answer succeeded; ties go to the answer seen
+first, and a problem where no sample gave an answer counts as wrong. The voted answer is the
+task's final answer: the completion as the task reads it on a single-turn task
+(`relabel.final_answer`), the last model turn's command on a multi-turn env whose registry row
+has `parse_action` (the hidden-rule games, TextWorld: "guess 37"). Other multi-turn envs
+(calculator, tool_use, search, alfworld) expose no final answer: the votes are skipped, the
+output's `vote` says why, and only prm_best@k is reported.
+
+  python -m experiments.eval --config.run_dir=runs/prm_rl --config.prm=runs/prm
+  python -m experiments.eval --config.run_dir=runs/agent --config.prm=runs/prm \
+      --config.prm_agg=prod --config.samples=16 --config.ks=1,4,16
+
 HF-exported weights: `--config.export_hf=DIR` also writes the evaluated params as a
 transformers-loadable directory (config.json, model.safetensors, generation_config.json with our
 stop ids, a tokenizer that encodes exactly as ours, BOS included) and prints what it wrote, and
@@ -38,7 +61,8 @@ apart runs of one name in different directories; the workdir defaults to runs/ev
 a table. A run keeps its newest `log.keep` checkpoints and those of its
 evaluation steps (every `eval.every`), so the default run's steps 25, 50, ..., 150 can be
 evaluated; a step that was not kept is an error that lists the ones that were. pass@k:
-`--config.ks=1,4` (or `'[1,4]'`), each k <= `samples`.
+`--config.ks=1,4` (or `'[1,4]'`), each k <= `samples`. With `--config.prm` the file and the
+table also hold prm_best@k, prm_vote@k and majority@k (or `vote`, why there are no votes).
 """
 import hashlib
 import json
@@ -53,15 +77,20 @@ import ml_collections as mlc
 import numpy as np
 
 from agentrl import configs
+from agentrl.credit import probes
 from agentrl import distributed
+from agentrl.envs import registry
 from agentrl.harness import cli
 from agentrl.harness import recipe
+from agentrl.harness import relabel
+from agentrl.harness import saved_prm
 from agentrl.harness import saved_run
 from agentrl.models import hf
 from agentrl.models import hf_tokenizer
 from agentrl.rollout import collect
 from agentrl.records import metrics as metrics_lib
 from agentrl.records import rundir
+from agentrl.rewards import process
 
 
 def get_config(arg: str | None = None) -> mlc.ConfigDict:
@@ -77,6 +106,9 @@ def get_config(arg: str | None = None) -> mlc.ConfigDict:
   c.model_path = ""              # HF directory or .gguf to evaluate instead of a checkpoint
   c.export_hf = ""               # also write the evaluated params here as an HF directory
   c.export_overwrite = False     # replace export_hf whole even if it holds something else
+  c.prm = ""                     # an experiments.preference.prm workdir: best-of-n and votes
+  c.prm_agg = "min"              # a sample's score from its turn scores: min, prod or last
+  c.prm_batch_size = 32          # samples per PRM forward pass
   if arg.smoke:  # Seconds on CPU; run by tests/experiments_smoke_test.py.
     c.num_problems, c.samples, c.ks = 4, 2, "1,2"
   return c
@@ -93,6 +125,9 @@ SCHEMA = {
     "model_path": configs.Key(str),
     "export_hf": configs.Key(str),
     "export_overwrite": configs.Key(bool),
+    "prm": configs.Key(str),
+    "prm_agg": configs.Key(str, choices=process.REDUCES),
+    "prm_batch_size": configs.Key(int, min=1),
 }
 EXPORT_MARKER = "agentrl_export.json"  # {"run_dir", "step"}: the run an export directory holds
 
@@ -123,10 +158,50 @@ def validate(config) -> None:
   saved_run.check_args(config.run_dir, config.step, model_path=config.model_path)
   if config.export_hf:
     check_export_dir(config.export_hf, config.run_dir, overwrite=config.export_overwrite)
+  if config.prm:  # before the model is built: the PRM must share the run's model and tokenizer
+    saved_prm.check(config.prm, saved_run.read_config(config.run_dir), flag="config.prm",
+                    run=config.run_dir)
 
 
-def evaluate(config, run_config, engine, tok, make_env, params) -> dict[str, float]:
-  """Greedy success and unbiased pass@k over the held-out problems."""
+def voted_answers(trajs, tok, task) -> tuple[list[str | None] | None, str]:
+  """(each sample's final answer, "") for voting, or (None, why not) (module docstring)."""
+  row = registry.check(task)
+  if "max_turns" not in row.fields:
+    return relabel.answers(trajs, tok, task.name), ""
+  if row.parse_action is not None:
+    return probes.final_answers(trajs, tok, row.parse_action), ""
+  return None, (f"skipped: task.name={task.name!r} is multi-turn and its env exposes no final "
+                "answer (no registry parse_action); prm_best@k only")
+
+
+def verification(config, run_config, tok, make_env, sampled, success_PN, prm) -> dict:
+  """PRM best-of-k, PRM-weighted and plain majority votes for each k (module docstring)."""
+  logits_fn, prm_params = prm
+  score_BU, mask_BU = saved_prm.step_scores(
+      logits_fn, prm_params, sampled, max_steps=make_env().max_turns,
+      max_len=run_config.rollout.max_len, pad_id=tok.pad_id, batch_size=config.prm_batch_size)
+  score_PN = process.solution_scores(score_BU, mask_BU, reduce=config.prm_agg).reshape(
+      success_PN.shape)
+  answers, why = voted_answers(sampled, tok, run_config.task)
+  result = {"prm": config.prm, "prm_agg": config.prm_agg}
+  ks = parse_ks(config.ks, config.samples)
+  for k in ks:
+    result[f"prm_best@{k}"] = process.best_of_n_accuracy(score_PN, success_PN, k=k)
+  if answers is None:
+    return result | {"vote": why}
+  n = config.samples
+  answers_PN = [answers[i:i + n] for i in range(0, len(answers), n)]
+  for k in ks:
+    result[f"prm_vote@{k}"] = process.vote_accuracy(answers_PN, score_PN, success_PN, k=k)
+  for k in ks:
+    result[f"majority@{k}"] = process.vote_accuracy(answers_PN, np.ones_like(score_PN),
+                                                    success_PN, k=k)
+  return result
+
+
+def evaluate(config, run_config, engine, tok, make_env, params, prm=None) -> dict:
+  """Greedy success and unbiased pass@k over the held-out problems; with `prm` (logits_fn,
+  params of `saved_prm.load`) also its best-of-k and votes (`verification`)."""
   rc = run_config.rollout
   seeds = [recipe.EVAL_SEED_BASE + i for i in range(config.num_problems)]
   common = dict(max_turns=run_config.task.get("max_turns", 1),
@@ -138,11 +213,14 @@ def evaluate(config, run_config, engine, tok, make_env, params) -> dict[str, flo
   sampled, _ = engine.run(params, tok, [make_env() for _ in rows], rows,
                           rng=jax.random.key(config.seed + 1), temperature=config.temperature,
                           **common)
-  correct = np.asarray([collect.trajectory_success(t) for t in sampled]).reshape(
-      config.num_problems, config.samples).sum(1)
+  success_PN = np.asarray([collect.trajectory_success(t) for t in sampled]).reshape(
+      config.num_problems, config.samples)
+  correct = success_PN.sum(1)
   result = {"greedy_success": float(np.mean([collect.trajectory_success(t) for t in greedy]))}
   for k in parse_ks(config.ks, config.samples):
     result[f"pass@{k}"] = float(np.mean([pass_at_k(config.samples, int(c), k) for c in correct]))
+  if prm is not None:
+    result |= verification(config, run_config, tok, make_env, sampled, success_PN, prm)
   return result
 
 
@@ -156,14 +234,19 @@ def train(config: mlc.ConfigDict, workdir: str) -> dict:
     export(nnx.merge(graphdef, params).cfg, params, tok, config.export_hf, step,
            run_dir=config.run_dir, overwrite=config.export_overwrite)
   engine = recipe.rollout_engine(run_config, graphdef, tok)
+  prm = (saved_prm.load(config.prm, graphdef, params, seed=config.seed, flag="config.prm")
+         if config.prm else None)
   result = {"run_dir": config.run_dir, "step": step, "num_problems": config.num_problems,
             "samples": config.samples,
-            **evaluate(config, run_config, engine, tok, recipe.make_task(run_config.task), params)}
+            **evaluate(config, run_config, engine, tok, recipe.make_task(run_config.task), params,
+                       prm=prm)}
   os.makedirs(workdir, exist_ok=True)
   path = os.path.join(workdir, result_name(config.run_dir, step))
   rundir.atomic_write(path, json.dumps(result, indent=2))
   rows = [[k, f"{v:.1%}"] for k, v in result.items() if k == "greedy_success" or "@" in k]
   print(metrics_lib.format_table([f"{config.run_dir} @ {step}", "held-out"], rows))
+  if "vote" in result:
+    print(f"PRM votes {result['vote']}")
   print(f"wrote {path}")
   return result
 

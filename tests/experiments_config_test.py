@@ -6,11 +6,13 @@ import importlib
 
 from absl.testing import absltest
 from absl.testing import parameterized
+import numpy as np
 
 from agentrl import configs
 from agentrl.harness import recipe
 from agentrl.harness import rl_config
 from agentrl.records import study
+from agentrl.rollout import agent_loop
 
 RL_EXPERIMENTS = ("grpo", "dr_grpo", "dapo", "gspo", "ctpo", "holder_po", "rloo", "remax",
                   "reinforce_pp", "gmpo", "cispo", "ppo", "r2vpo", "agent", "reward_model",
@@ -252,6 +254,39 @@ class EvalTest(absltest.TestCase):
     self.assertAlmostEqual(evaluation.pass_at_k(5, 2, 2), 1 - 3 / 10)  # 1 - C(3,2)/C(5,2)
     self.assertEqual(evaluation.pass_at_k(8, 0, 4), 0.0)
     self.assertEqual(evaluation.pass_at_k(8, 5, 4), 1.0)  # fewer than k wrong samples
+
+  def test_voted_answers_per_kind_of_task(self):
+    evaluation = _module("eval")
+    config = _module("prm_rl").get_config()   # the hidden-rule game
+    tok = recipe.task_tokenizer(config.task)   # its scratch tokenizer
+
+    def traj(turns):   # prompt ids, then each turn's text sampled (the env's replies left out)
+      ids, mask, turn = [tok.bos_id], [0.0], [-1]
+      for k, text in enumerate(turns):
+        new = tok.encode(text) + [tok.eos_id]
+        ids, mask, turn = ids + new, mask + [1.0] * len(new), turn + [k] * len(new)
+      n = len(ids)
+      return agent_loop.Trajectory(
+          tokens=np.asarray(ids, np.int32), loss_mask=np.asarray(mask, np.float32),
+          turn=np.asarray(turn, np.int32), sampler_logp=np.zeros(n, np.float32),
+          turn_rewards=[0.0] * len(turns), reward=0.0, done=True, truncated=False,
+          prompt_len=1)
+
+    # Multi-turn with a command reader: the last turn's command words; no turn, no answer.
+    answers, why = evaluation.voted_answers(
+        [traj(["guess 50", "guess 37"]), traj(["guess 37", "guess: 50."]), traj([])], tok,
+        config.task)
+    self.assertEqual((answers, why), (["guess 37", "guess 50", None], ""))
+    # Single-turn: the completion as the task reads it (here its last line, all of it).
+    config.task.name = "verbose_arithmetic"
+    answers, _ = evaluation.voted_answers([traj(["guess 37"])], tok, config.task)
+    self.assertEqual(answers, ["guess 37"])
+    # Multi-turn without one: no votes, and the output says why.
+    config.task.name = "calculator"
+    answers, why = evaluation.voted_answers([traj(["guess 37"])], tok, config.task)
+    self.assertIsNone(answers)
+    self.assertEqual(why, "skipped: task.name='calculator' is multi-turn and its env exposes no "
+                          "final answer (no registry parse_action); prm_best@k only")
 
   def test_bad_eval_config(self):
     evaluation = _module("eval")

@@ -375,6 +375,44 @@ class SmokeTest(parameterized.TestCase):
       self.assertEqual(exported[key], native[key], key)
 
 
+  def test_eval_with_a_prm_smoke_run(self):
+    # The PRM smoke run is also the evaluated run (its SFT warm start): same model and task.
+    evaluation = importlib.import_module("experiments.eval")
+    prm_dir = _prm_smoke_run()
+    config = evaluation.get_config("smoke")
+    config.run_dir, config.step, config.prm = prm_dir, "warm_start", prm_dir
+    workdir = _tmpdir(self)
+    result = evaluation.train(config, workdir)
+    self.assertEqual((result["prm"], result["prm_agg"]), (prm_dir, "min"))
+    self.assertNotIn("vote", result)   # the hidden-rule game's final command is its answer
+    for k in (1, 2):
+      for key in (f"prm_best@{k}", f"prm_vote@{k}", f"majority@{k}"):
+        self.assertBetween(result[key], 0.0, 1.0, key)
+    # One sample: its own answer is the vote, whatever its weight, and a vote can only be
+    # right where that sample succeeded.
+    self.assertEqual(result["prm_vote@1"], result["majority@1"])
+    self.assertLessEqual(result["majority@1"], result["prm_best@1"])
+    with open(os.path.join(workdir, evaluation.result_name(prm_dir, "warm_start"))) as f:
+      self.assertEqual(json.load(f)["prm_best@2"], result["prm_best@2"])
+    # Errors before anything is built: no PRM there, another model, another task.
+    config.prm = os.path.join(_tmpdir(self), "nothing")
+    with self.assertRaisesRegex(configs.ConfigError, r"config\.prm='.*nothing' has no prm/"):
+      evaluation.train(config, _tmpdir(self))
+    config.prm = prm_dir
+    for key, value, named in (("model", ("width", 128), r"model\.width 64 \(PRM\) vs 128"),
+                              ("task", ("name", "arithmetic"),
+                               r"task\.name 'hidden_rule' \(PRM\) vs 'arithmetic'"),
+                              ("task", ("family", "mixed"), r"task \(its scratch tokenizer\)")):
+      other = rundir.read_config(prm_dir)
+      other[key][value[0]] = value[1]
+      config.run_dir = _tmpdir(self)
+      rundir.atomic_write(os.path.join(config.run_dir, "config.json"), other.to_json())
+      with self.assertRaisesRegex(configs.ConfigError,
+                                  r"config\.prm=.* was trained with another model or tokenizer "
+                                  rf"than {config.run_dir}: {named}"):
+        evaluation.train(config, _tmpdir(self))
+
+
 class RealScaleTest(parameterized.TestCase):
 
   def test_grpo_pod_preset_shapes_and_shardings(self):

@@ -22,7 +22,8 @@ Labels come from three sources, each returned as float32 [B, U] labels with a [B
 - given labels: one list per trajectory, None for an unlabelled step (`given_labels`).
 `sibling_groups` and `sibling_pairs` build the step pairs of the Bradley-Terry PRM loss
 (losses/process.py). `solution_scores` and `weighted_vote` use a trained PRM as a verifier
-(best-of-N and PRM-weighted majority voting, Math-Shepherd's verification).
+(best-of-N and PRM-weighted majority voting, Math-Shepherd's verification);
+`best_of_n_accuracy` and `vote_accuracy` score those choices over problems (experiments/eval.py).
 """
 from collections.abc import Sequence
 
@@ -251,3 +252,29 @@ def weighted_vote(answers: Sequence, weights: Sequence[float]):
     if answer is not None:
       totals[answer] = totals.get(answer, 0.0) + float(weight)
   return max(totals, key=totals.get) if totals else None
+
+
+def best_of_n_accuracy(score_PN: np.ndarray, success_PN: np.ndarray, *, k: int) -> float:
+  """Best-of-k with a verifier: per problem, the success of the highest-scored of its first k
+  samples, averaged over the P problems. Ties go to the earliest sample (np.argmax)."""
+  score_PK = np.asarray(score_PN, np.float64)[:, :k]
+  chosen_P = np.argmax(score_PK, axis=1)
+  return float(np.mean(np.asarray(success_PN, bool)[np.arange(len(chosen_P)), chosen_P]))
+
+
+def vote_accuracy(answers_PN: Sequence[Sequence], weight_PN: np.ndarray,
+                  success_PN: np.ndarray, *, k: int) -> float:
+  """Fraction of problems whose `weighted_vote` over their first k samples is a correct answer.
+
+  The voted answer is correct when a sample among those k that gave it succeeded (one answer
+  has one verdict; the earliest-seen answer wins ties, as in `weighted_vote`). A problem where
+  no sample gave an answer counts as wrong. Uniform weights give plain majority voting.
+  """
+  weight_PN, success_PN = np.asarray(weight_PN, np.float64), np.asarray(success_PN, bool)
+  hits = []
+  for p, answers in enumerate(answers_PN):
+    answers = list(answers)[:k]
+    voted = weighted_vote(answers, weight_PN[p, :k])
+    hits.append(voted is not None and any(
+        a == voted and s for a, s in zip(answers, success_PN[p, :k])))
+  return float(np.mean(hits))

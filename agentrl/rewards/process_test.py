@@ -150,6 +150,36 @@ class VerificationTest(absltest.TestCase):
     self.assertEqual(process.weighted_vote(answers, [0, 0, 0, 0, 1]), "7")   # best-of-N
     self.assertIsNone(process.weighted_vote([None], [1.0]))
 
+  def test_best_of_n_accuracy_by_hand(self):
+    score = np.array([[0.2, 0.9, 0.5, 0.9], [0.7, 0.7, 0.1, 0.8], [0.3, 0.1, 0.6, 0.2]])
+    success = np.array([[0, 1, 0, 0], [0, 1, 1, 1], [1, 0, 0, 0]])
+    # Chosen samples per k (ties go to the earliest): k=1 (0, 0, 0); k=2 (1, 0 of the 0.7 tie,
+    # 0); k=3 (1, 0, 2); k=4 (1 of the 0.9 tie, 3, 2).
+    for k, expected in ((1, 1 / 3), (2, 2 / 3), (3, 1 / 3), (4, 2 / 3)):
+      self.assertAlmostEqual(process.best_of_n_accuracy(score, success, k=k), expected, msg=k)
+
+  def test_best_of_n_with_an_oracle_verifier_is_any_success(self):
+    success = np.random.default_rng(0).random((50, 6)) < 0.3
+    for k in (1, 3, 6):
+      self.assertAlmostEqual(process.best_of_n_accuracy(success.astype(float), success, k=k),
+                             success[:, :k].any(1).mean())
+
+  def test_vote_accuracy_by_hand(self):
+    answers = [["7", "5", "5", None], ["3", "3", "4", None], [None] * 4]
+    weight = np.array([[0.9, 0.2, 0.3, 1.0], [0.1, 0.2, 0.8, 0.9], [1.0] * 4])
+    success = np.array([[1, 0, 0, 0], [0, 0, 1, 0], [0, 0, 0, 0]])   # "7" and "4" are right
+    uniform = np.ones_like(weight)
+    # k=4 weighted: 7 (0.9 > 0.5) right, 4 (0.8 > 0.3) right, no answer: wrong. Uniform: 5
+    # (2 votes) wrong, 3 (2 votes) wrong. k=2 uniform: the 7/5 tie goes to 7 (seen first).
+    self.assertAlmostEqual(process.vote_accuracy(answers, weight, success, k=4), 2 / 3)
+    self.assertEqual(process.vote_accuracy(answers, uniform, success, k=4), 0.0)
+    self.assertAlmostEqual(process.vote_accuracy(answers, weight, success, k=2), 1 / 3)
+    self.assertAlmostEqual(process.vote_accuracy(answers, uniform, success, k=2), 1 / 3)
+    self.assertAlmostEqual(process.vote_accuracy(answers, weight, success, k=1), 1 / 3)
+    # An answer is right when a sample among the k that gave it succeeded.
+    self.assertEqual(process.vote_accuracy([["7", "7"]], np.ones((1, 2)), [[0, 1]], k=2), 1.0)
+    self.assertEqual(process.vote_accuracy([["7", "7"]], np.ones((1, 2)), [[0, 1]], k=1), 0.0)
+
 
 if __name__ == "__main__":
   absltest.main()

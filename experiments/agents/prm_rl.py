@@ -8,7 +8,8 @@ r"""RL with a process reward model: PRM-dense turn rewards or VPPO's first-error
       --config.reward.prm=DIR --workdir=/tmp/prm_rl
 
 reward.prm is the workdir of an experiments.preference.prm run on the same task and model (its
-PRM is that run's policy backbone plus a step head, read from <run>/prm). Each step:
+PRM is that run's policy backbone plus a step head, read from <run>/prm by
+`agentrl.harness.saved_prm`). Each step:
 
   1. G episodes per prompt from the rollout engine (the hidden-rule game by default, agent.py's
      cpu task and warm start), packed.
@@ -28,8 +29,6 @@ Presets: cpu (default: agent.py's hidden-rule game, `rl_config.hidden_rule_study
 pod (the game at agent.py's pod scale), smoke (seconds; tests give it a smoke PRM run).
 This file is the fork unit; the building blocks come from agentrl.harness.recipe, loop and credit.
 """
-import os
-
 from absl import app
 from flax import nnx
 import jax
@@ -37,7 +36,6 @@ import ml_collections as mlc
 import numpy as np
 
 from agentrl.advantages import estimators
-from agentrl import checkpoint
 from agentrl import configs
 from agentrl.credit import mapo
 from agentrl.credit import prm as prm_credit
@@ -47,9 +45,9 @@ from agentrl.envs import registry
 from agentrl.harness import cli
 from agentrl.harness import recipe
 from agentrl.harness import rl_config
+from agentrl.harness import saved_prm
 from agentrl.losses import aggregation
 from agentrl.losses import policy as pg
-from agentrl.models import heads
 from agentrl.models import policy as policy_lib
 from agentrl.rollout import agent_loop
 from agentrl.rollout import collect
@@ -89,38 +87,6 @@ SCHEMA = {
     "reward.prefix_reward": configs.Key(float),
     "reward.fail_reward": configs.Key(float),
 }
-
-
-# ---------------------------------------------------------------------------------------------
-# The PRM.
-# ---------------------------------------------------------------------------------------------
-def check_prm_run(config) -> None:
-  """ConfigError unless reward.prm is a PRM run on this run's task and model."""
-  run = config.reward.prm
-  configs.require(bool(run), "config.reward.prm is empty: give the --workdir of an "
-                  "experiments.preference.prm run (python -m experiments.preference.prm "
-                  "--workdir=DIR)")
-  configs.require(os.path.isdir(os.path.join(run, "prm")),
-                  f"config.reward.prm={run!r} has no prm/ checkpoint; run "
-                  f"python -m experiments.preference.prm --workdir={run} first")
-  prm_config = rundir.read_config(run)
-  same = (prm_config.model.to_dict() == config.model.to_dict()
-          and prm_config.task.name == config.task.name)
-  configs.require(same, f"config.reward.prm={run!r} was trained on task "
-                  f"{prm_config.task.name!r} with another model config; its backbone and "
-                  "tokenizer must be this run's (same config.model and task.name)")
-
-
-def load_prm(run: str, graphdef, params, *, seed: int):
-  """(logits_fn, prm params) of the PRM saved in <run>/prm; `params` (this run's policy) is
-  the backbone's template."""
-  head_graphdef, head_params = heads.policy_step_head(graphdef, params, seed=seed)
-  ckpt = checkpoint.Checkpointer(os.path.join(run, "prm"), save_every=1, keep=1)
-  tree, info = ckpt.restore({"params": {"backbone": params, "head": head_params}})
-  ckpt.close()
-  print(f"PRM: {run} ({info.get('steps')} steps, held-out step accuracy "
-        f"{info.get('held_out_step_accuracy')}).", flush=True)
-  return heads.policy_prm_logits(graphdef, head_graphdef), tree["params"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -214,7 +180,7 @@ def make_rollout_fn(config, engine, tok, make_env, data, mesh, prm_score, prm_pa
 def train(config: mlc.ConfigDict, workdir: str) -> dict:
   """PRM-credited RL end to end; returns the summary written to <workdir>/summary.json."""
   rl_config.validate(config, SCHEMA)
-  check_prm_run(config)
+  saved_prm.check(config.reward.prm, config, flag="config.reward.prm")
   start = rundir.write_config(config, workdir, experiment="prm_rl")
   rc, mesh = config.rollout, sharding.make_mesh(config.mesh)
   make_env = recipe.make_task(config.task)
@@ -224,7 +190,8 @@ def train(config: mlc.ConfigDict, workdir: str) -> dict:
   engine = recipe.rollout_engine(config, graphdef, tok)
   params, sft_info = recipe.warm_start(config, workdir, mesh, graphdef, params, tok,
                                        engine=engine)
-  prm_logits, prm_params = load_prm(config.reward.prm, graphdef, params, seed=config.seed)
+  prm_logits, prm_params = saved_prm.load(config.reward.prm, graphdef, params,
+                                          seed=config.seed, flag="config.reward.prm")
   tx = recipe.make_optimizer(config.optim)
   state, state_shardings = sharding.create_train_state(params, tx, mesh, config.sharding_rules)
 
