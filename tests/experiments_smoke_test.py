@@ -54,7 +54,7 @@ RL_EXPERIMENTS = ("grpo", "dr_grpo", "dapo", "gspo", "ctpo", "holder_po", "rloo"
                   "kto", "hapo_length", "brpo", "hbpo", "decs", "eapo", "tppo", "delethink",
                   "g2rl", "mssr", "opd", "ttexplore", "matchtir", "spo_chain", "oprl", "spa_rl",
                   "tree_rl", "spo_tree", "latr", "r3l", "openai_agent",
-                  "icpo", "arpo", "spear", "prm_rl")
+                  "icpo", "arpo", "spear", "prm_rl", "opd_agent")
 
 
 def documented_metrics() -> tuple[dict[str, set[str]], tuple[str, ...], set[str]]:
@@ -123,6 +123,17 @@ def _grpo_smoke_run(seed: int) -> str:
 
 
 @functools.cache
+def _agent_smoke_run() -> str:
+  """A finished experiments.agents.agent smoke run's workdir (opd_agent's teacher), removed at
+  exit."""
+  root = tempfile.mkdtemp()
+  atexit.register(shutil.rmtree, root, ignore_errors=True)
+  agent = importlib.import_module("experiments.agents.agent")
+  agent.train(agent.get_config("smoke"), root)
+  return root
+
+
+@functools.cache
 def _prm_smoke_run() -> str:
   """A finished experiments.preference.prm smoke run's workdir (its PRM), removed at exit."""
   root = tempfile.mkdtemp()
@@ -161,6 +172,8 @@ class SmokeTest(parameterized.TestCase):
     config.log.wandb_project = "agentrl-smoke"
     if name == "opd":  # the student distils a finished GRPO smoke run
       config.teacher.run_dir = _grpo_smoke_run(0)
+    if name == "opd_agent":  # the student distils a finished agent smoke run
+      config.teacher.run_dir = _agent_smoke_run()
     if name == "prm_rl":  # its PRM is a finished PRM smoke run's
       config.reward.prm = _prm_smoke_run()
     wandb, calls = _fake_wandb()

@@ -2,6 +2,7 @@
 
   run = saved_run.load_run("runs/grpo", "latest")   # tok, graphdef, params, step, config
   engine = recipe.rollout_engine(run.config, run.graphdef, run.tok)
+  teacher = saved_run.load_teacher("runs/grpo", "latest", tok, mesh=mesh)  # + same tokenizer
 
 `load_run` reads <run_dir>/config.json (every RL experiment writes it with
 `rundir.write_config`), rebuilds the tokenizer and model (`recipe.build_policy`) and reads only
@@ -16,6 +17,11 @@ The errors a user can fix (not a run directory, a damaged config.json, no checkp
 that was not kept, a missing model_path) are one ConfigError each, raised before the model is
 built and naming the setting as `prefix` + "run_dir", "step" or "model_path" ("config." for
 experiments.eval's keys, "--" for the flags of `python -m agentrl.serve`).
+
+`load_teacher` is `load_run` for an on-policy distillation teacher (experiments/distill/): an
+empty run_dir names the command that makes one, and a teacher whose tokenizer is not the
+student's, token by token, is refused (token-level log-probs of one vocabulary mean nothing in
+another).
 """
 import dataclasses
 import os
@@ -94,13 +100,14 @@ def check_args(run_dir: str, step: str, *, model_path: str = "",
 
 
 def load_run(run_dir: str, step: str = "latest", *, model_path: str = "",
-             prefix: str = "config.") -> SavedRun:
-  """The policy of checkpoint `step` of the run in `run_dir` (module docstring)."""
+             prefix: str = "config.", mesh=None) -> SavedRun:
+  """The policy of checkpoint `step` of the run in `run_dir` (module docstring), sharded on
+  `mesh` (None: a mesh of the run's own config.mesh)."""
   check_args(run_dir, step, model_path=model_path, prefix=prefix)
   run_config = read_config(run_dir)
   if not model_path:
     rundir.saved_step(run_dir, step, flag=f"{prefix}step")   # fails before the build
-  mesh = sharding.make_mesh(run_config.mesh)
+  mesh = sharding.make_mesh(run_config.mesh) if mesh is None else mesh
   tok, graphdef, params = recipe.build_policy(run_config, mesh)
   if model_path:
     tok, graphdef, params = load_hf(model_path, tok, run_config, mesh)
@@ -110,3 +117,30 @@ def load_run(run_dir: str, step: str = "latest", *, model_path: str = "",
   if lora.has_adapters(params):
     graphdef, params = lora.merge(graphdef, params)
   return SavedRun(tok, graphdef, params, step, run_config)
+
+
+def same_tokenizer(a, b) -> bool:
+  """Whether tokenizers a and b have the same vocabulary, id by id (decoded pieces)."""
+  return a.vocab_size == b.vocab_size and all(a.decode([i]) == b.decode([i])
+                                              for i in range(a.vocab_size))
+
+
+def load_teacher(run_dir: str, step: str, tok, *, mesh=None, prefix: str = "config.teacher.",
+                 make: str = "python -m experiments.policy.grpo --workdir=runs/grpo"
+                 ) -> SavedRun:
+  """An on-policy distillation teacher: `load_run(run_dir, step)` on the student's `mesh`,
+  refused unless its tokenizer is the student's `tok`. `make` is the command that makes a
+  teacher run, named when run_dir is empty (errors name `prefix` + run_dir / step)."""
+  configs.require(bool(run_dir), f"{prefix}run_dir is empty: give the --workdir of a finished "
+                  f"run, e.g. run {make} first")
+  configs.require(os.path.isfile(os.path.join(run_dir, "config.json")),
+                  f"{prefix}run_dir={run_dir!r} has no config.json; run the teacher first "
+                  f"({make}, with --workdir={run_dir}) or point it at another run's --workdir")
+  teacher = load_run(run_dir, step, prefix=prefix, mesh=mesh)
+  configs.require(same_tokenizer(teacher.tok, tok),
+                  f"{prefix}run_dir={run_dir!r}: the teacher's tokenizer "
+                  f"({teacher.tok.vocab_size} tokens) is not the student's ({tok.vocab_size}); "
+                  "on-policy distillation compares log-probs token by token, so a "
+                  "cross-tokenizer teacher is not supported")
+  print(f"Teacher: {run_dir} step {teacher.step} ({teacher.config.model.variant}).", flush=True)
+  return teacher

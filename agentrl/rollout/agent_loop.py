@@ -358,14 +358,16 @@ def run_per_turn(sampler: sampler_lib.Sampler, params, tok, envs: Sequence[Any],
 
 
 def scripted(tok, env, seed, actions: Sequence[str], *, chat_template: bool,
-             system_prompt: str | None = None) -> Trajectory:
+             system_prompt: str | None = None, observe_last: bool = False) -> Trajectory:
   """The trajectory of env from reset(seed) when the policy's turns are `actions`.
 
   Each action is `tok.encode(action)` followed by the stop id a sampled turn ends with (the
   first end-of-turn id with the chat template, else EOS), with loss_mask 1; the prompt and
   observations are rendered as in a rollout (loss_mask 0). The env is stepped for real, so the
   observations are its replies; actions left over once it reports done are dropped. No token
-  budget applies: the caller packs (and cuts) the trajectory.
+  budget applies: the caller packs (and cuts) the trajectory. `observe_last` appends the reply
+  to the last action too (unless it ended the episode), so that a policy can take the next
+  turn from there (`continuations.replay_then_rollout`).
   """
   stop = (tok.end_of_turn_ids[0] if chat_template and tok.end_of_turn_ids else tok.eos_id)
   render = Renderer(tok, chat_template=chat_template, system_prompt=system_prompt)
@@ -382,7 +384,7 @@ def scripted(tok, env, seed, actions: Sequence[str], *, chat_template: bool,
     if done:
       row.finish(done=True)
       break
-    if turn < len(actions) - 1:   # as a rollout, no observation after the last turn
+    if observe_last or turn < len(actions) - 1:   # a rollout has none after its last turn
       row.append(render.observation(obs, stop, info.get(TOOL_RESULTS)), turn=turn)
   return row.trajectory()
 

@@ -9,8 +9,9 @@ from a teacher's log-probs of the student's own samples.
       --config.teacher.run_dir=DIR
 
 Default (`cpu`): the teacher is the finished GRPO main job in runs/grpo (its config.json says
-how to rebuild it; its newest checkpoint, or `teacher.step`, holds the weights), the student
-the SFT-only warm start of the same tiny model on reversed 3-digit addition. Each step the
+how to rebuild it; its newest checkpoint, or `teacher.step`, holds the weights;
+`saved_run.load_teacher`), the student the SFT-only warm start of the same tiny model on
+reversed 3-digit addition. Each step the
 student samples G answers per prompt; the score step computes the student's log-probs and the
 teacher's log-probs of the same tokens in one jitted call (no extra host round trip); every
 sampled token gets the dense reward
@@ -33,8 +34,6 @@ vocabulary mean nothing in another.
 This file is the fork unit: the config, the score step with the teacher, the advantage step,
 the loss and the loop are all here.
 """
-import os
-
 from absl import app
 from flax import nnx
 import jax
@@ -47,6 +46,7 @@ from agentrl import distributed
 from agentrl.harness import cli
 from agentrl.harness import recipe
 from agentrl.harness import rl_config
+from agentrl.harness import saved_run
 from agentrl.losses import aggregation
 from agentrl.losses import distill
 from agentrl.losses import policy as pg
@@ -160,30 +160,8 @@ def make_update_step(config, graphdef, tx):
 
 
 # ---------------------------------------------------------------------------------------------
-# The teacher, train() and main().
+# train() and main().
 # ---------------------------------------------------------------------------------------------
-def load_teacher(config: mlc.ConfigDict, mesh, tok):
-  """(teacher config, graphdef, params) from config.teacher; refuses another tokenizer."""
-  tc = config.teacher
-  configs.require(bool(tc.run_dir), "config.teacher.run_dir is empty: give the --workdir of a "
-                  "finished run, e.g. python -m experiments.policy.grpo --workdir=runs/grpo first")
-  configs.require(os.path.exists(os.path.join(tc.run_dir, "config.json")),
-                  f"config.teacher.run_dir={tc.run_dir!r} has no config.json; run the teacher "
-                  f"first (python -m experiments.policy.grpo --workdir={tc.run_dir}) or point it "
-                  "at another run's --workdir")
-  teacher_config = rundir.read_config(tc.run_dir)
-  teacher_tok, graphdef, params = recipe.build_policy(teacher_config, mesh)
-  same = (teacher_tok.vocab_size == tok.vocab_size and
-          all(teacher_tok.decode([i]) == tok.decode([i]) for i in range(tok.vocab_size)))
-  configs.require(same, f"config.teacher.run_dir={tc.run_dir!r}: the teacher's tokenizer "
-                  f"({teacher_tok.vocab_size} tokens) is not the student's ({tok.vocab_size}); "
-                  "on-policy distillation compares log-probs token by token, so a "
-                  "cross-tokenizer teacher is not supported")
-  params, step = rundir.load_params(tc.run_dir, tc.step, params)
-  print(f"Teacher: {tc.run_dir} step {step} ({teacher_config.model.variant}).", flush=True)
-  return teacher_config, graphdef, params
-
-
 def train(config: mlc.ConfigDict, workdir: str) -> dict:
   """On-policy distillation end to end; returns the summary written to summary.json."""
   rl_config.validate(config, SCHEMA)
@@ -193,7 +171,9 @@ def train(config: mlc.ConfigDict, workdir: str) -> dict:
 
   # ---- Student (warm-started), teacher, frozen reference (the warm start), optimizer.
   tok, graphdef, params = recipe.build_policy(config, mesh)
-  teacher_config, teacher_graphdef, teacher_params = load_teacher(config, mesh, tok)
+  teacher = saved_run.load_teacher(config.teacher.run_dir, config.teacher.step, tok, mesh=mesh)
+  teacher_config, teacher_graphdef, teacher_params = (teacher.config, teacher.graphdef,
+                                                      teacher.params)
   params, sft_info = recipe.warm_start(config, workdir, mesh, graphdef, params, tok)
   ref_params = recipe.reference_params(params)  # a copy; None: LoRA's frozen base
   tx = recipe.make_optimizer(config.optim)
