@@ -20,7 +20,7 @@ RL_EXPERIMENTS = ("grpo", "dr_grpo", "dapo", "gspo", "ctpo", "holder_po", "rloo"
                   "kto", "hapo_length", "brpo", "hbpo", "decs", "eapo", "tppo", "delethink",
                   "g2rl", "mssr", "opd", "ttexplore", "matchtir", "spo_chain", "oprl", "spa_rl",
                   "tree_rl", "spo_tree", "latr", "r3l", "openai_agent",
-                  "icpo", "arpo", "spear", "prm_rl", "opd_agent")
+                  "icpo", "arpo", "spear", "prm_rl", "opd_agent", "lens")
 
 
 def _module(name):
@@ -232,6 +232,21 @@ class SelectionAndShapingExperimentsTest(absltest.TestCase):
     config.loss.weight = "luffy"
     with self.assertRaisesRegex(configs.ConfigError, r"config\.loss\.weight"):
       icpo.train(config, "/nonexistent/icpo")
+
+  def test_lens_checks(self):
+    lens = _module("lens")
+    self.assertEqual(dict(lens.get_config().lens),
+                     {"gamma": 0.05, "tau": 0.5, "num_purified": 8, "success_tau": 1.0,
+                      "absolute": True, "min_score": 0.0})
+    self.assertEqual(lens.get_config("pod").lens.gamma, 0.02)
+    config = lens.get_config()
+    config.updates.max_staleness = 1
+    with self.assertRaisesRegex(configs.ConfigError, r"updates\.max_staleness must be 0"):
+      lens.train(config, "/nonexistent/lens")
+    config = lens.get_config()
+    config.lens.gamma = 1.5
+    with self.assertRaisesRegex(configs.ConfigError, r"config\.lens\.gamma"):
+      lens.train(config, "/nonexistent/lens")
 
   def test_fapo_flaw_rule(self):
     # Hand-computed: 123 + 456 = 579, written reversed at width 4 as "9750".

@@ -54,7 +54,7 @@ RL_EXPERIMENTS = ("grpo", "dr_grpo", "dapo", "gspo", "ctpo", "holder_po", "rloo"
                   "kto", "hapo_length", "brpo", "hbpo", "decs", "eapo", "tppo", "delethink",
                   "g2rl", "mssr", "opd", "ttexplore", "matchtir", "spo_chain", "oprl", "spa_rl",
                   "tree_rl", "spo_tree", "latr", "r3l", "openai_agent",
-                  "icpo", "arpo", "spear", "prm_rl", "opd_agent")
+                  "icpo", "arpo", "spear", "prm_rl", "opd_agent", "lens")
 
 
 def documented_metrics() -> tuple[dict[str, set[str]], tuple[str, ...], set[str]]:

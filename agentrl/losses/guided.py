@@ -17,6 +17,10 @@ a plain row keeps PPO's ratio against `old_logp_BT`.
   * `region_gate`: ICPO's expert-region reject sampling as a row mask [INF: keep guided rows
     whose reward reaches τ]; `expert_bonus`: ICPO's annealed expert-bonus reward [INF: a
     linear decay to 0].
+  * `crpo_row_weights`, `crpo_loss`: Lens's Calibrated Rollout Policy Optimization (arXiv
+    2601.21244): in a group that received transferred (purified) rows, original successes
+    weigh ā, the others 1 − ā (ā the original success rate); PPO's clip on
+    ρ = π_θ(y|x) / (w̃ · π_old(y|x_roll)) plus β·KL to the reference.
 
 Token functions take `[B, T]` arrays in `types.Batch`'s layout and return exact zeros on masked
 tokens (prompt, hint, padding), whatever the masked entries hold.
@@ -27,6 +31,7 @@ import jax.numpy as jnp
 
 from agentrl.losses import common
 from agentrl.losses import distill
+from agentrl.losses import kl
 from agentrl.losses import policy
 from agentrl.losses import ratios
 
@@ -110,3 +115,70 @@ def expert_bonus(reward_B: jax.Array, guided_B: jax.Array, step: int | jax.Array
   b = bonus * jnp.maximum(0.0, 1.0 - jnp.asarray(step, jnp.float32) / anneal_steps)
   hit_B = (jnp.asarray(guided_B) > 0) & (jnp.asarray(reward_B, jnp.float32) >= tau)
   return jnp.asarray(reward_B, jnp.float32) + jnp.where(hit_B, b, 0.0)
+
+
+def crpo_row_weights(success_B: jax.Array, guided_B: jax.Array, *,
+                     group_size: int) -> jax.Array:
+  """Lens's sample reweighting, a row weight `[B]` f32 (rows [i·G, (i+1)·G) one group).
+
+  In a group holding transferred rows (`guided_B` = 1, each a purified success in place of an
+  original failure), ā = original successes / G; original successes weigh ā, transferred
+  rows and the original failures left 1 − ā. Groups without transferred rows weigh 1 [INF:
+  the reweighting read as applying to the calibrated groups only, so that a step without
+  purification is the base objective]. ā needs no extra input: only failures are replaced,
+  so the original successes are the successful rows not flagged guided.
+  """
+  success_B = jnp.asarray(success_B, jnp.float32)
+  guided_B = jnp.asarray(guided_B, jnp.float32)
+  chex.assert_equal_shape([success_B, guided_B])
+  if success_B.shape[0] % group_size:
+    raise ValueError(f"{success_B.shape[0]} rows do not split into groups of {group_size}.")
+  orig_success_PG = (success_B * (1.0 - guided_B)).reshape(-1, group_size)
+  a_P = orig_success_PG.mean(axis=1)
+  calibrated_P = guided_B.reshape(-1, group_size).max(axis=1) > 0
+  w_PG = jnp.where(orig_success_PG > 0, a_P[:, None], 1.0 - a_P[:, None])
+  return jnp.where(calibrated_P[:, None], w_PG, 1.0).reshape(-1)
+
+
+def crpo_loss(logp_BT: jax.Array, old_logp_BT: jax.Array, sampler_logp_BT: jax.Array,
+              adv_BT: jax.Array, mask_BT: jax.Array, guided_B: jax.Array,
+              row_weight_B: jax.Array, ref_logp_BT: jax.Array | None = None, *,
+              log_ratio_scale_B: jax.Array | None = None, eps_low: float = 0.2,
+              eps_high: float = 0.2, kl_coef: float = 0.0,
+              kl_kind: str = "k3") -> tuple[jax.Array, Metrics]:
+  """Lens's CRPO per-token loss `[B, T]` and metrics.
+
+  L_t = w_i · max(−A ρ_t, −A clip(ρ_t, 1 − ε_low, 1 + ε_high)) + β · KL_t, with
+  ρ_t = π_θ(y_t | x, y_<t) / (w̃_i · π_old(y_t | x_roll, y_<t)): x_roll the prompt the row was
+  sampled under (`behaviour_logp`: the sampler's log-probs on transferred rows, the original
+  π_old elsewhere), w̃_i = exp(`log_ratio_scale_B`) (default 1 [INF: the paper's w̃(y) is not
+  defined in what was read]), w_i `row_weight_B` (`crpo_row_weights`), KL_t `kl.kl_penalty`
+  of π_θ against `ref_logp_BT` (β = `kl_coef`; not row-weighted [INF]).
+
+  With no transferred rows, unit weights and no scale this is `policy.ppo_clip` (+ β·KL) bit
+  for bit. Metrics: `ppo_clip`'s, guided/frac, guided/weight_mean (as `guided_pg_loss`), and
+  kl_loss (token-mean KL_t) with kl_coef > 0.
+  """
+  valid_BT = common.check(logp_BT, old_logp_BT, mask_BT)
+  chex.assert_rank(row_weight_B, 1)
+  den_BT = behaviour_logp(old_logp_BT, sampler_logp_BT, guided_B)
+  if log_ratio_scale_B is not None:
+    den_BT = den_BT + jnp.asarray(log_ratio_scale_B, jnp.float32)[:, None]
+  pg_BT, metrics = policy.ppo_clip(logp_BT, den_BT, adv_BT, mask_BT, eps_low=eps_low,
+                                   eps_high=eps_high)
+  loss_BT = jnp.asarray(row_weight_B, jnp.float32)[:, None] * pg_BT
+  if kl_coef > 0:
+    if ref_logp_BT is None:
+      raise ValueError("kl_coef > 0 needs ref_logp_BT (score with the reference).")
+    kl_BT = kl.kl_penalty(logp_BT, ref_logp_BT, kl_kind)
+    loss_BT = loss_BT + kl_coef * kl_BT
+    metrics["kl_loss"] = jax.lax.stop_gradient(
+        jnp.where(valid_BT, kl_BT, 0.0).sum() / jnp.maximum(valid_BT.sum(), 1))
+  on_guided_BT = valid_BT & (jnp.asarray(guided_B)[:, None] > 0)
+  w_BT = jnp.exp(ratios.token_log_ratio(logp_BT, den_BT, mask_BT, clamp=common.CLAMP))
+  n_guided = on_guided_BT.sum()
+  metrics["guided/frac"] = jax.lax.stop_gradient(
+      n_guided / jnp.maximum(valid_BT.sum(), 1)).astype(jnp.float32)
+  metrics["guided/weight_mean"] = jax.lax.stop_gradient(
+      jnp.where(on_guided_BT, w_BT, 0.0).sum() / jnp.maximum(n_guided, 1)).astype(jnp.float32)
+  return jnp.where(valid_BT, loss_BT, 0.0), metrics
