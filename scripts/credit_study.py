@@ -6,6 +6,7 @@ r"""Credit-assignment study: outcome-only GRPO vs turn-level credit on multi-tur
   python scripts/credit_study.py --task=tool_use --out=runs/tool_study --steps=75
   python scripts/make_game_pool.py && python scripts/credit_study.py --task=textworld
   python scripts/credit_study.py --task=replay --steps=40 --eval_every=10 --eval_problems=200
+  python scripts/credit_study.py --task=prm --out=runs/prm_study
 
 --task=hidden_rule (default): every run is `python -m experiments.agents.agent` with its `cpu`
 preset (the number-guessing hidden-rule game, 7 turns, a tiny model warm-started by SFT on
@@ -92,6 +93,25 @@ rows are stored ones, not new samples):
                the recalibrated advantage and Clip-Cov, the coefficient ramped over 10 updates
                (its preset's 50 would leave it below full strength for a whole 40-step run).
 
+--task=prm: process rewards on the hidden-rule game (the `cpu` presets, outcome reward only, as
+--task=hidden_rule), where the guess family's steps are checkable (envs/hidden_rule.py: a guess
+outside the range the feedback leaves open, or an invalid turn, is a mistake):
+
+  grpo             agent.py, the outcome's group z-score on every turn (no process reward);
+  prm_min          prm_rl.py, reward.form=min: returns min_{j >= k} s_j + o (PURE);
+  prm_sum          prm_rl.py, reward.form=sum: r_k = s_k, + o on the last turn;
+  first_error      prm_rl.py, VPPO's first-error credit from the env's own step checks
+                   (reward.verifier=env: a verifiable prefix, no PRM);
+  first_error_prm  prm_rl.py, VPPO's first-error credit from the PRM (s_k <= 0.5).
+
+The PRM-using methods (prm_min, prm_sum, first_error_prm) share one PRM: before the runs, and
+only when a chosen method uses it, the study trains `python -m experiments.preference.prm`
+once into <out>/prm on the env-checked step labels (prm.labels=checked: exact labels, no
+Monte-Carlo forks), and passes reward.prm=<out>/prm to those runs. It is the first run of a
+new study, so its SFT policy is the study's one warm start, which every RL run then copies:
+the PRM's backbone and all arms' policies start from the same SFT. A finished PRM
+(<out>/prm/summary.json) is reused; its held-out figures open results.txt.
+
 Equal budgets: the same RL steps, prompts and samples per step (so the same env steps), the
 same held-out evaluation, and one shared SFT warm start (the first run trains it, the others get
 a copy), so methods differ only in credit and seeds only in the RL runs' randomness. Resumable:
@@ -128,6 +148,9 @@ class Task:
     by_tokens: compare at an equal budget of sampled tokens (the methods sample different
       amounts per step): curves over cumulative `rollout/sampled_tokens`, and success and AUC
       at the smallest budget every run reached.
+    prm_flags: the overrides (after `flags`) of the study's one PRM run
+      (experiments.preference.prm, into <out>/prm).
+    prm_methods: the methods that use that PRM (given --config.reward.prm=<out>/prm).
   """
   methods: dict[str, tuple[str, list[str]]]
   flags: list[str]
@@ -135,6 +158,8 @@ class Task:
   out: str
   preset: str = ""
   by_tokens: bool = False
+  prm_flags: tuple[str, ...] = ()
+  prm_methods: tuple[str, ...] = ()
 
 
 def _agent(*overrides: str) -> tuple[str, list[str]]:
@@ -189,7 +214,18 @@ TASKS = {
                    "hidden-rule game: experience replay", "runs/replay_study"),
     "replay_textworld": Task(_REPLAY, [], "TextWorld coin collector: experience replay",
                              "runs/replay_textworld_study", preset="textworld"),
+    "prm": Task({
+        "grpo": _agent("--config.loss.credit=grpo"),
+        "prm_min": ("prm_rl", ["--config.reward.form=min"]),
+        "prm_sum": ("prm_rl", ["--config.reward.form=sum"]),
+        "first_error": ("prm_rl", ["--config.reward.form=vppo", "--config.reward.verifier=env"]),
+        "first_error_prm": ("prm_rl", ["--config.reward.form=vppo"]),
+    }, ["--config.task.closeness_reward=0", "--config.sft.eval_every=10"],
+        "hidden-rule game: process rewards", "runs/prm_study",
+        prm_flags=("--config.prm.labels=checked",),
+        prm_methods=("prm_min", "prm_sum", "first_error_prm")),
 }
+PRM_DIR = "prm"   # <out>/prm: the study's PRM run (Task.prm_flags)
 
 _TASK = flags.DEFINE_enum("task", "hidden_rule", list(TASKS), "The multi-turn task.")
 _OUT = flags.DEFINE_string("out", None, "Directory of the runs and results (default: "
@@ -229,12 +265,43 @@ def claim_out_dir(out: str, task: str) -> None:
       f.write(task)
 
 
+def warm_start_sources(task: Task, out: str, seeds: int) -> list[str]:
+  """Every run of the study that may hold its warm start: the PRM run first, then the arms."""
+  runs = [os.path.join(out, f"{m}_seed{s}") for m in task.methods for s in range(seeds)]
+  return ([os.path.join(out, PRM_DIR)] if task.prm_methods else []) + runs
+
+
+def prm_override(task: Task, out: str, method: str) -> list[str]:
+  """--config.reward.prm=<out>/prm for a method that uses the study's PRM, else nothing."""
+  return ([f"--config.reward.prm={os.path.join(out, PRM_DIR)}"]
+          if method in task.prm_methods else [])
+
+
+def train_prm(task: Task, out: str, sources: list[str]) -> None:
+  """Trains the study's PRM into <out>/prm unless it is finished (its summary.json); it takes
+  the study's warm start if a run already has one, else trains it (the others copy it)."""
+  workdir = os.path.join(out, PRM_DIR)
+  if os.path.exists(os.path.join(workdir, "summary.json")):
+    print(f"PRM {workdir}: done, reused", flush=True)
+    return
+  study.share_warm_start(workdir, [s for s in sources if s != workdir])
+  timing = study.run_experiment("prm", workdir, [*task.flags, *task.prm_flags])
+  print(f"PRM {workdir}: {timing['wall_s']:.0f}s wall, {timing['cpu_s']:.0f}s CPU", flush=True)
+
+
+def prm_line(out: str) -> str:
+  """The study PRM's held-out figures, a line of results.txt."""
+  summary = study.summary(os.path.join(out, PRM_DIR))
+  return (f"PRM ({PRM_DIR}/, checked step labels): held-out step accuracy "
+          f"{summary['held_out_step_accuracy']:.1%} (base rate "
+          f"{summary['held_out_base_rate']:.1%}), AUC {summary['held_out_auc']:.3f}")
+
+
 def train(method: str, seed: int) -> None:
   task = TASKS[_TASK.value]
   experiment, method_flags = task.methods[method]
   workdir = run_dir(method, seed)
-  study.share_warm_start(workdir,
-                         [run_dir(m, s) for m in task.methods for s in range(_SEEDS.value)])
+  study.share_warm_start(workdir, warm_start_sources(task, out_dir(), _SEEDS.value))
   eval_problems = ([f"--config.eval.num_problems={_EVAL_PROBLEMS.value}"]
                    if _EVAL_PROBLEMS.value else [])
   # The config file first: the --config.<key> overrides apply to its preset.
@@ -244,7 +311,7 @@ def train(method: str, seed: int) -> None:
       *preset, f"--config.seed={seed}", f"--config.total_steps={_STEPS.value}",
       f"--config.eval.every={_EVAL_EVERY.value}", *eval_problems,
       f"--config.log.save_every={_EVAL_EVERY.value}", "--config.log.tensorboard=False",
-      *task.flags, *method_flags])
+      *task.flags, *method_flags, *prm_override(task, out_dir(), method)])
   print(f"{method} seed {seed}: {timing['wall_s']:.0f}s wall, {timing['cpu_s']:.0f}s CPU",
         flush=True)
 
@@ -333,6 +400,10 @@ def main(argv):
                          f"{list(methods)}")
   claim_out_dir(out_dir(), _TASK.value)
   start = time.perf_counter()
+  task = TASKS[_TASK.value]
+  uses_prm = bool(set(chosen) & set(task.prm_methods))
+  if uses_prm:
+    train_prm(task, out_dir(), warm_start_sources(task, out_dir(), _SEEDS.value))
   for seed in range(_SEEDS.value):
     for method in chosen:
       if study.finished(run_dir(method, seed), _STEPS.value):
@@ -341,6 +412,8 @@ def main(argv):
         train(method, seed)
   runs = {m: [load(m, s) for s in range(_SEEDS.value)] for m in chosen}
   text = table(runs)
+  if uses_prm:
+    text = prm_line(out_dir()) + "\n\n" + text
   if TASKS[_TASK.value].by_tokens:
     text += "\n\n" + token_table(runs)
   png = os.path.join(out_dir(), "credit_study.png")

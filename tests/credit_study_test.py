@@ -4,7 +4,8 @@ The study passes `--config.<key>=<value>` overrides to an experiment binary; a t
 only show after the first run's SFT. Here each task's and method's overrides are applied to the
 experiment's config (the task's preset) and validated against its schema, without running
 anything. The textworld task's path runs end to end at smoke size: agent.py's preset trains the
-warm start, spa_rl.py's reuses it, as the study shares it.
+warm start, spa_rl.py's reuses it, as the study shares it. The prm task's one PRM run is
+trained once, before the runs, with the warm start the study shares (a stand-in runner).
 """
 import functools
 import importlib
@@ -12,6 +13,7 @@ import importlib.util
 import os
 import shutil
 import tempfile
+from unittest import mock
 
 from absl.testing import absltest
 
@@ -54,16 +56,24 @@ class CreditStudyTest(absltest.TestCase):
   def test_every_method_override_validates(self):
     tasks = _load_script().TASKS
     self.assertEqual(set(tasks), {"hidden_rule", "tool_use", "textworld", "branching", "replay",
-                                 "replay_textworld"})
+                                 "replay_textworld", "prm"})
     for name, task in tasks.items():
       self.assertIn("grpo", task.methods, name)   # every task has the outcome-only baseline
       for method, (experiment, method_flags) in task.methods.items():
         module = importlib.import_module(study.experiment_module(experiment))
         config = module.get_config(task.preset or None)
-        for override in (*task.flags, *method_flags):
+        for override in (*task.flags, *method_flags,
+                         *_load_script().prm_override(task, "/tmp/study", method)):
           _apply(config, override)
         rl_config.validate(config, module.SCHEMA)
-        if "credit" in config.loss:
+        if experiment == "prm_rl":
+          # A PRM method is given the study's PRM; the env-checked one needs none.
+          uses_prm = config.reward.verifier == "prm"
+          self.assertEqual(method in task.prm_methods, uses_prm, f"{name}/{method}")
+          self.assertEqual(config.reward.prm, "/tmp/study/prm" if uses_prm else "", method)
+          if not uses_prm:
+            module.check_verifier(config)
+        elif "credit" in config.loss:
           # A method is its credit, or a variant of it named <credit>_<variant>.
           self.assertTrue(method == config.loss.credit or
                           method.startswith(config.loss.credit + "_"), f"{name}/{method}")
@@ -98,6 +108,60 @@ class CreditStudyTest(absltest.TestCase):
       config = module.get_config("cpu").to_dict()
       for key in ("task", "model", "sft", "optim", "eval"):
         self.assertEqual(config[key], agent[key], f"{method}: {key}")
+
+  def test_prm_task_overrides_and_presets_share_one_warm_start(self):
+    task = _load_script().TASKS["prm"]
+    prm = importlib.import_module("experiments.preference.prm")
+    config = prm.get_config()
+    for override in (*task.flags, *task.prm_flags):
+      _apply(config, override)
+    rl_config.validate(config, prm.SCHEMA)
+    prm.check_labels(config)                  # the guess game checks its steps
+    self.assertEqual(config.prm.labels, "checked")
+    # The PRM run and every arm build agent.py's task, model and SFT: one warm start serves
+    # them all, and prm_rl accepts the PRM (same config.model and task.name).
+    agent = importlib.import_module("experiments.agents.agent").get_config("cpu")
+    prm_rl = importlib.import_module("experiments.agents.prm_rl").get_config("cpu")
+    for key in ("task", "model", "sft", "optim", "eval"):
+      self.assertEqual(prm_rl[key].to_dict(), agent[key].to_dict(), key)
+    for override in task.flags:
+      _apply(agent, override)
+    for key in ("task", "model", "sft"):
+      self.assertEqual(config[key].to_dict(), agent[key].to_dict(), key)
+
+  def test_prm_trained_once_from_the_shared_warm_start(self):
+    script = _load_script()
+    task, out = script.TASKS["prm"], tempfile.mkdtemp()
+    self.addCleanup(shutil.rmtree, out)
+    sources = script.warm_start_sources(task, out, 2)
+    self.assertEqual(sources[:3], [os.path.join(out, "prm"), os.path.join(out, "grpo_seed0"),
+                                   os.path.join(out, "grpo_seed1")])
+    self.assertLen(sources, 1 + 2 * len(task.methods))
+    # An arm that already trained the SFT policy: the PRM copies it.
+    os.makedirs(os.path.join(out, "grpo_seed0", "warm_start", "1"))
+    calls = []
+
+    def fake_run(experiment, workdir, flags):
+      calls.append((experiment, workdir, flags))
+      self.assertTrue(os.path.isdir(os.path.join(workdir, "warm_start", "1")))
+      with open(os.path.join(workdir, "summary.json"), "w") as f:
+        f.write('{"held_out_step_accuracy": 0.9, "held_out_base_rate": 0.75, '
+                '"held_out_auc": 0.95}')
+      return {"wall_s": 1.0, "cpu_s": 1.0}
+
+    with mock.patch.object(script.study, "run_experiment", fake_run):
+      script.train_prm(task, out, sources)
+      script.train_prm(task, out, sources)       # finished: reused, not trained again
+    self.assertEqual(calls, [("prm", os.path.join(out, "prm"),
+                              [*task.flags, "--config.prm.labels=checked"])])
+    self.assertEqual(script.prm_line(out), "PRM (prm/, checked step labels): held-out step "
+                     "accuracy 90.0% (base rate 75.0%), AUC 0.950")
+    self.assertEqual(script.prm_override(task, out, "prm_min"),
+                     [f"--config.reward.prm={os.path.join(out, 'prm')}"])
+    self.assertEqual(script.prm_override(task, out, "first_error"), [])
+    # Tasks without a PRM neither list nor train one.
+    hidden = script.TASKS["hidden_rule"]
+    self.assertNotIn(os.path.join(out, "prm"), script.warm_start_sources(hidden, out, 1))
 
   def test_runs_compared_at_an_equal_token_budget(self):
     script = _load_script()

@@ -34,6 +34,10 @@ for any env wrapped in `agentrl.envs.safe.SafeEnv`:
                                       fraction of the turn's calls that ran without error
                                       (tool_use: and match a gold call), 0.0 for a turn
                                       with no call, the reward on the answer turn;
+                     "step_ok": float 1.0 or 0.0  whether this turn was a correct step by
+                                      the env's own check (a verifiable step label: process
+                                      reward models, VPPO's first error); hidden_rule's
+                                      `guess` family sets it on every turn (STEP_OK);
                      "tool_results": list[str]  the tool messages of a turn of tool calls,
                                       one per call, each a part of the observation
                                       (envs/tool_calls.py); the agent loop renders them
@@ -97,6 +101,7 @@ SUCCESS = "success"
 ERROR = "error"
 REWARD = "reward"
 REQUIRED_INFO_KEYS = (SUCCESS, ERROR, REWARD)
+STEP_OK = "step_ok"   # optional info key (module docstring)
 SEED_LIMIT = 2**32
 NO_EPISODE = ("no episode: step() came before reset(seed), after the episode ended or after a "
               "reset that failed")

@@ -29,6 +29,16 @@ narrowed the secret down (1 - ln(width of the open range) / ln 100), so every ep
 is graded (a shaped reward: `success` stays the game's outcome, and a failure earns at most
 c < 1, less than a solve). Families without a graded notion of progress ignore it.
 
+Checked steps: in the families of CHECKED_FAMILIES every turn's info carries
+info["step_ok"] (`base.STEP_OK`), 1.0 or 0.0: whether the turn is a correct step by the game's
+own check, a verifiable step label (for process reward models, or VPPO's first error). In
+`guess` a turn is a mistake (0.0) if its command is invalid (unparseable, another verb, outside
+[1, 100]) or its guess lies outside the range the feedback so far leaves open (which covers
+repeating a number already ruled out); every other guess, the winning one included, is correct
+(1.0). The other families have no such check and no key: a `transform` query, a `cipher`
+encoding or a `category` test is informative or not only in hindsight, and their answer turns
+are the outcome itself.
+
 `demonstration(seed, rng, noise=...)` is a scripted expert's actions for the episode of
 `seed`, the supervised warm start's data for a from-scratch policy (agentrl/harness/sft.py): it
 knows the secret and plays as a player who reads the feedback would (binary search in `guess`;
@@ -49,6 +59,7 @@ from agentrl.rewards import extract
 
 FAMILIES = ("transform", "guess", "cipher", "category")
 BELIEF_FAMILIES = ("guess",)    # families whose episodes state a belief (HiddenRuleEnv.belief)
+CHECKED_FAMILIES = ("guess",)   # families whose infos carry base.STEP_OK (module docstring)
 STYLES = ("full", "compact")
 SYSTEM_PROMPT = (
     "You are playing a game with a hidden rule. Explore with the commands described in the "
@@ -72,6 +83,10 @@ class _Game:
   # () -> how far the feedback so far has narrowed the secret down, in [0, 1] (1: known);
   # None for families without a graded notion of progress.
   closeness: Callable[[], float] | None = None
+  # argument -> whether exploring with it is a correct step given the feedback so far, read
+  # before `explore` (which updates `state`); ValueError as explore. None for families without
+  # a per-step check (module docstring, "Checked steps").
+  step_ok: Callable[[str], bool] | None = None
   # What the closures above read and write as the episode goes on (`guess`: the range the
   # feedback leaves open); the rest is fixed by the seed. HiddenRuleEnv.clone copies it.
   state: dict = dataclasses.field(default_factory=dict)
@@ -138,6 +153,9 @@ def _guess(rng: random.Random, compact: bool) -> _Game:
     lo, hi = known["lo"], known["hi"]
     return f"{lo}-{hi}" if compact else f"The secret number is between {lo} and {hi}."
 
+  def step_ok(arg):  # still consistent with every reply so far
+    return known["lo"] <= _int_arg(arg, 1, 100) <= known["hi"]
+
   def closeness():  # the share of the ln 100 nats of uncertainty the feedback has removed
     return 1.0 - math.log(known["hi"] - known["lo"] + 1) / math.log(100)
 
@@ -155,7 +173,7 @@ def _guess(rng: random.Random, compact: bool) -> _Game:
            "I am thinking of an integer between 1 and 100. Find it.\n"
            "Command: 'guess X'; I will answer 'higher', 'lower' or 'correct'.")
   return _Game(intro, "guess", explore, str(secret), expert, ends_on_answer=False,
-               belief=belief, closeness=closeness, state=known)
+               belief=belief, closeness=closeness, step_ok=step_ok, state=known)
 
 
 def _cipher(rng: random.Random, compact: bool) -> _Game:
@@ -329,13 +347,17 @@ class HiddenRuleEnv:
     answer = self.answer  # (needs reset first)
     return f"{'answer' if self._game.ends_on_answer else self._game.verb} {answer}"
 
-  def _end(self, obs: str, reward: float, *, success: bool, error: str = ""):
+  def _checked(self, ok: bool) -> dict:
+    """The turn's base.STEP_OK entry, in the families that define it."""
+    return {} if self._game.step_ok is None else {base.STEP_OK: float(ok)}
+
+  def _end(self, obs: str, reward: float, *, success: bool, ok: bool, error: str = ""):
     if not success:
       obs = f"{obs} The answer was {self._game.answer}.".strip()
       if self.closeness_reward and self._game.closeness is not None:
         reward += self.closeness_reward * self._game.closeness()
     return obs, reward, True, base.make_info(reward=reward, success=success, error=error,
-                                             turns=self._turn)
+                                             turns=self._turn, **self._checked(ok))
 
   @base.episode_step
   def step(self, action: str) -> base.StepResult:
@@ -348,22 +370,25 @@ class HiddenRuleEnv:
     verb, arg = command
     if verb == "answer":
       correct = _same_answer(arg, game.answer)
-      return self._end("Correct!" if correct else "Wrong.", float(correct), success=correct)
+      return self._end("Correct!" if correct else "Wrong.", float(correct), success=correct,
+                       ok=correct)
     try:
+      ok = game.step_ok is None or game.step_ok(arg)   # before explore narrows the range
       feedback, solved = game.explore(arg)
     except ValueError as e:
       return self._reject(str(e), last)
     if solved:
-      return self._end(feedback, 1.0, success=True)
+      return self._end(feedback, 1.0, success=True, ok=ok)
     if last:
-      return self._end(f"{feedback} Out of turns.", 0.0, success=False)
-    return feedback, 0.0, False, base.make_info(reward=0.0, turns=self._turn)
+      return self._end(f"{feedback} Out of turns.", 0.0, success=False, ok=ok)
+    return feedback, 0.0, False, base.make_info(reward=0.0, turns=self._turn,
+                                                **self._checked(ok))
 
   def _reject(self, error: str, last: bool) -> base.StepResult:
     # The compact reply names no reason (info["error"] keeps it): one token, not a sentence.
     obs = "invalid" if self.style == "compact" else f"Error: {error}."
     if last:
-      return self._end(f"{obs} Out of turns.", self.invalid_penalty, success=False,
+      return self._end(f"{obs} Out of turns.", self.invalid_penalty, success=False, ok=False,
                        error=error)
     return obs, self.invalid_penalty, False, base.make_info(
-        reward=self.invalid_penalty, error=error, turns=self._turn)
+        reward=self.invalid_penalty, error=error, turns=self._turn, **self._checked(False))

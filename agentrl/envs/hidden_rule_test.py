@@ -254,6 +254,61 @@ class CompactStyleTest(parameterized.TestCase):
         hidden_rule.HiddenRuleEnv("guess", closeness_reward=bad)
 
 
+class CheckedStepTest(parameterized.TestCase):
+
+  def _episode(self, actions, *, max_turns=8, answer="37"):
+    """The step_ok of each turn of a compact `guess` episode with secret `answer`."""
+    env = hidden_rule.HiddenRuleEnv("guess", max_turns=max_turns, style="compact")
+    env.reset(next(s for s in range(2000) if env.reset(s) and env.answer == answer))
+    checked = []
+    for action in actions:
+      *_, done, info = env.step(action)
+      checked.append(info["step_ok"])
+      if done:
+        break
+    return checked, done
+
+  def test_guess_steps_checked_by_hand(self):
+    # 50 -> lower (1-49 open); 60 was ruled out: a mistake; 25 -> higher (26-49); 25 again and
+    # 10 are ruled out; "dance" and 101 are invalid; 30 is open (-> higher, 31-49); 37 wins.
+    actions = ["guess 50", "guess 60", "guess 25", "guess 25", "guess 10", "dance",
+               "guess 101", "guess 30"]
+    checked, done = self._episode(actions, max_turns=10)
+    self.assertEqual(checked, [1.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0, 1.0])
+    self.assertFalse(done)
+    # The range's edges are open, the winning guess is correct, a mistake does not narrow.
+    self.assertEqual(self._episode(["guess 50", "guess 99", "guess 49", "guess 1", "guess 37"]),
+                     ([1.0, 0.0, 1.0, 1.0, 1.0], True))
+    # On the last turn too: an out-of-range guess, an invalid one.
+    self.assertEqual(self._episode(["guess 50", "guess 70"], max_turns=2), ([1.0, 0.0], True))
+    self.assertEqual(self._episode(["guess 50", "hm"], max_turns=2), ([1.0, 0.0], True))
+
+  def test_expert_steps_are_all_correct(self):
+    env = hidden_rule.HiddenRuleEnv("guess", max_turns=7)
+    for seed in range(50):
+      env.reset(seed)
+      for action in env.demonstration(seed, random.Random(seed), noise=0.5):
+        *_, info = env.step(action)
+        self.assertEqual(info["step_ok"], 1.0, (seed, action))
+
+  def test_clone_keeps_the_check(self):
+    env = hidden_rule.HiddenRuleEnv("guess", style="compact")
+    env.reset(next(s for s in range(2000) if env.reset(s) and env.answer == "37"))
+    env.step("guess 50")
+    other = env.clone()
+    self.assertEqual(other.step("guess 60")[3]["step_ok"], 0.0)
+    self.assertEqual(env.step("guess 40")[3]["step_ok"], 1.0)
+
+  @parameterized.parameters("transform", "cipher", "category")
+  def test_absent_in_the_unchecked_families(self, family):
+    self.assertNotIn(family, hidden_rule.CHECKED_FAMILIES)
+    env = hidden_rule.HiddenRuleEnv(family, max_turns=3)
+    env.reset(0)
+    infos = [env.step("dance")[3], env.step(env.gold_action)[3]]
+    self.assertTrue(infos[1]["success"])
+    self.assertTrue(all("step_ok" not in info for info in infos))
+
+
 class HostileActionTest(absltest.TestCase):
 
   def test_trailing_punctuation_is_parsed_in_linear_time(self):
