@@ -248,6 +248,26 @@ class SelectionAndShapingExperimentsTest(absltest.TestCase):
     with self.assertRaisesRegex(configs.ConfigError, r"config\.lens\.gamma"):
       lens.train(config, "/nonexistent/lens")
 
+  def test_icpo_smollm2_preset_is_grpos_with_a_guide(self):
+    # The guided-sampling study (scripts/guided_study.py) compares the two at this preset: every
+    # key but the method's own (loss, guide) and the transcript bound (room for the guided
+    # prompt) is grpo.py's smollm2 value.
+    icpo, grpo = _module("icpo"), _module("grpo")
+    for arg in ("smollm2", "preset=smollm2,smoke"):
+      config = icpo.get_config(arg)
+      rl_config.validate(config, icpo.SCHEMA)
+      icpo.check(config)
+      mine, theirs = config.to_dict(), grpo.get_config(arg).to_dict()
+      for key in set(theirs) - {"loss", "rollout"}:
+        self.assertEqual(mine[key], theirs[key], f"{arg}: {key}")
+      del mine["rollout"]["max_len"], theirs["rollout"]["max_len"]
+      self.assertEqual(mine["rollout"], theirs["rollout"], arg)
+      self.assertEqual(mine["loss"]["agg"], theirs["loss"]["agg"], arg)
+    self.assertEqual(dict(icpo.get_config("smollm2").guide),
+                     {"num_guided": 1, "shots": 3, "gold": False, "sep": "\n\n",
+                      "answer_prefix": "\nAnswer: "})
+    self.assertEqual(icpo.get_config("smollm2").rollout.max_len, 160)
+
   def test_fapo_flaw_rule(self):
     # Hand-computed: 123 + 456 = 579, written reversed at width 4 as "9750".
     judge = _module("fapo").judge

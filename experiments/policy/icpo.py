@@ -4,6 +4,8 @@ demonstrations in the prompt and rows sampled without, every row trained without
 
   python -m experiments.policy.icpo                                   # default CPU run
   python -m experiments.policy.icpo --config=experiments/policy/icpo.py:smoke --workdir=/tmp/icpo
+  python -m experiments.policy.icpo --config=experiments/policy/icpo.py:smollm2 \
+      --workdir=runs/icpo_smollm2
   python -m experiments.policy.icpo --config=experiments/policy/icpo.py:pod \
       --config.model.path=/ckpt/Qwen3-8B --workdir=gs://bucket/icpo     # accelerators
 
@@ -25,7 +27,11 @@ the reward of correct guided rows [INF; 0 by default]. The tiny model never saw 
 demonstration during SFT, so on the cpu preset the guided rows mostly show the machinery; the
 pod preset (Qwen3-8B, chat template, demonstrations separated by blank lines) is ICPO's setting.
 
-Presets: smoke (CI, seconds), cpu (default), pod (Qwen3-8B on reasoning-gym's gsm_symbolic).
+Presets: smoke (CI, seconds), cpu (default), smollm2 (grpo.py's smollm2 run, SmolLM2-135M-
+Instruct with LoRA on 1-digit products, plus 1 of G = 4 rows sampled after 3 solved products in
+the user message, "question\nAnswer: product" each, blank-line separated; max_len 160 holds
+the 127-token guided prompt; scripts/guided_study.py compares it with GRPO), pod (Qwen3-8B on
+reasoning-gym's gsm_symbolic).
 """
 from absl import app
 from flax import nnx
@@ -63,7 +69,27 @@ def get_config(arg: str | None = None) -> mlc.ConfigDict:
   c.guide = dict(num_guided=1, shots=2, gold=False, sep="", answer_prefix="")
   # The guided prompt is longer: room for two 12-token demonstrations before the task.
   c.rollout.update(max_len=64)
-  if arg.preset == "pod":
+  if arg.preset == "smollm2":
+    # grpo.py's smollm2 run (LoRA on 1-digit products, the same budget and held-out
+    # evaluation) with demonstrations a chat model reads: 3 solved products in the user
+    # message, each "question\nAnswer: product" and a blank line, then the task, so the guided
+    # prompt is an ordinary few-shot prompt inside the chat template.
+    c.task.update(rg_dataset="products", rg_config='{"max_digits": 1}',
+                  answer_mode="last_number", system_prompt="Answer with the final number.")
+    c.lora.update(rank=16, alpha=32.0)
+    c.optim.lr = 5e-4
+    c.loss.update(agg="token-mean")
+    c.guide.update(num_guided=1, shots=3, sep="\n\n", answer_prefix="\nAnswer: ")
+    if not arg.smoke:
+      c.total_steps = 10
+      # max_len 160: the guided prompt (127 tokens) + 24 new ones. grpo.py's 64 would cut
+      # the guided rows' answers at 1 token (and its plain ones at 23: a 41-token prompt).
+      c.rollout.update(prompts_per_step=8, group_size=4, max_new_tokens=24, max_len=160,
+                       min_len=64, slots=64)
+      c.updates.minibatches = 2
+      c.eval.update(num_problems=128, every=5)
+      c.log.save_every = 5
+  elif arg.preset == "pod":
     c.loss.update(eps_high=0.28)
     c.guide.update(num_guided=2, sep="\n\n", answer_prefix="\nAnswer: ")
     c.rollout.update(max_len=4096)
