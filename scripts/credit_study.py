@@ -91,7 +91,10 @@ rows are stored ones, not new samples):
                pool of 256 so that a task's successes can come back;
   spear        SPEAR (`experiments.agents.spear`): self-imitation of replayed successes with
                the recalibrated advantage and Clip-Cov, the coefficient ramped over 10 updates
-               (its preset's 50 would leave it below full strength for a whole 40-step run).
+               (its preset's 50 would leave it below full strength for a whole 40-step run);
+  spear_no_sil (--task=replay only) SPEAR with its self-imitation coefficient 0: the same
+               sampled rows, loss and buffer, the replayed rows sending no gradient, which
+               tells the self-imitation term from the rest of SPEAR's settings.
 
 --task=prm: process rewards on the hidden-rule game (the `cpu` presets, outcome reward only, as
 --task=hidden_rule), where the guess family's steps are checkable (envs/hidden_rule.py: a guess
@@ -210,7 +213,8 @@ TASKS = {
     }, ["--config.task.closeness_reward=0", "--config.sft.eval_every=10"],
         "hidden-rule game: branching vs independent samples", "runs/branching_study",
         by_tokens=True),
-    "replay": Task(_REPLAY, ["--config.task.closeness_reward=0", "--config.sft.eval_every=10"],
+    "replay": Task({**_REPLAY, "spear_no_sil": ("spear", ["--config.spear.coef=0"])},
+                   ["--config.task.closeness_reward=0", "--config.sft.eval_every=10"],
                    "hidden-rule game: experience replay", "runs/replay_study"),
     "replay_textworld": Task(_REPLAY, [], "TextWorld coin collector: experience replay",
                              "runs/replay_textworld_study", preset="textworld"),

@@ -1,5 +1,5 @@
 # pylint: disable=invalid-name
-r"""Guided-sampling study: GRPO vs ICPO on SmolLM2-135M-Instruct, a model that reads context.
+r"""Guided-sampling study: GRPO vs ICPO on SmolLM2-135M-Instruct, the pretrained model of the CPU.
 
   python scripts/guided_study.py --out=runs/guided_study          # 2 methods x 3 seeds
   python scripts/guided_study.py --out=/tmp/gs --preset=smoke --steps=1 --seeds=1
