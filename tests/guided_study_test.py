@@ -10,7 +10,9 @@ import functools
 import importlib
 import importlib.util
 import os
+from unittest import mock
 
+from absl import flags
 from absl.testing import absltest
 
 from agentrl import configs
@@ -23,10 +25,16 @@ _SCRIPT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 @functools.cache
 def _load_script():
-  # Once per process: the script defines its absl flags when it is executed.
+  # Once per process. The script's flags (--out, --seeds, --steps) go to a FlagValues of their
+  # own: scripts/credit_study.py, loaded by its test in the same process, defines the same names
+  # on the global one.
   spec = importlib.util.spec_from_file_location("guided_study", _SCRIPT)
   module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
+  own = flags.FlagValues()
+  defines = {name: functools.partial(getattr(flags, name), flag_values=own)
+             for name in ("DEFINE_string", "DEFINE_integer", "DEFINE_enum", "DEFINE_list")}
+  with mock.patch.multiple(flags, **defines):
+    spec.loader.exec_module(module)
   return module
 
 
